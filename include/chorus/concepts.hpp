@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every contract a user can implement: today, a transport.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "chorus/detail/frame.hpp"
+
+namespace chorus {
+
+/// One posted send or receive. The executor owns it and keeps it at a stable address until
+/// the transport sets `done`.
+struct transfer {
+  detail::frame_header header{};  ///< send: the header to send; recv: the header expected
+  std::byte* data = nullptr;      ///< payload (send: read from; recv: written to)
+  std::size_t length = 0;         ///< payload bytes, equal to header.length
+  bool done = false;              ///< set by the transport when the buffer may be reused
+};
+
+using clock = std::chrono::steady_clock;
+
+/// A transport moves frames between this rank and its peers.
+///
+/// 1. `post_send(peer, t)` and `post_recv(peer, t)` never block. Frames to one peer arrive
+///    in the order they were posted, and the k-th recv posted for a peer matches the k-th
+///    send that peer posted to us: schedules are deterministic, so order is identity, and no
+///    tag matching is needed on the hot path.
+/// 2. `post_recv` checks the arriving header against `t.header` (detail::check_header) before
+///    a payload byte is written, so a mismatched call fails with errc::mismatch, never with
+///    silently wrong data.
+/// 3. `progress()` moves as many bytes as are ready and returns whether anything moved; it
+///    never blocks, because the executor decides when to spin and when to sleep.
+/// 4. `wait(deadline)` sleeps until progress() may have work or the deadline passes, so a
+///    rank that waits leaves the CPU to its peers (tests run 8 ranks on 2 cores).
+/// 5. Failures throw chorus::error naming the peer: EOF or reset is errc::connection_lost,
+///    bytes that are not a frame errc::protocol, a peer's abort frame errc::remote_error.
+/// 6. `abort(message)` tells every peer, best effort and in bounded time, that this rank
+///    failed, so their pending operations fail at once instead of at their timeouts.
+template <class T>
+concept transport = requires(T& t, const T& ct, int peer, transfer* x, clock::time_point d,
+                             const std::string& msg) {
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  { ct.name() } -> std::convertible_to<std::string>;
+  { ct.describe() } -> std::convertible_to<std::string>;
+  t.post_send(peer, x);
+  t.post_recv(peer, x);
+  { t.progress() } -> std::same_as<bool>;
+  t.wait(d);
+  t.abort(msg);
+};
+
+namespace detail {
+
+/// The type-erased transport the executor drives; one virtual call per slice is noise next
+/// to the system call that moves the slice.
+class any_transport {
+ public:
+  virtual ~any_transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+  virtual std::string describe() const = 0;
+  virtual void post_send(int peer, transfer* x) = 0;
+  virtual void post_recv(int peer, transfer* x) = 0;
+  virtual bool progress() = 0;
+  virtual void wait(clock::time_point deadline) = 0;
+  virtual void abort(const std::string& message) noexcept = 0;
+};
+
+template <transport T>
+class transport_model final : public any_transport {
+ public:
+  explicit transport_model(T t) : t_(std::move(t)) {}
+  int rank() const override { return t_.rank(); }
+  int size() const override { return t_.size(); }
+  std::string name() const override { return t_.name(); }
+  std::string describe() const override { return t_.describe(); }
+  void post_send(int peer, transfer* x) override { t_.post_send(peer, x); }
+  void post_recv(int peer, transfer* x) override { t_.post_recv(peer, x); }
+  bool progress() override { return t_.progress(); }
+  void wait(clock::time_point deadline) override { t_.wait(deadline); }
+  void abort(const std::string& message) noexcept override { t_.abort(message); }
+
+ private:
+  T t_;
+};
+
+}  // namespace detail
+}  // namespace chorus

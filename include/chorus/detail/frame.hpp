@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// The frame header every transport puts before every slice, and its validation.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "chorus/error.hpp"
+#include "chorus/schedule/schedule.hpp"
+#include "chorus/types.hpp"
+
+namespace chorus::detail {
+
+/// Layout (little-endian, 40 bytes, no padding). The fingerprint fields (op_seq, count,
+/// kind, dtype, redop, algorithm) let a receiver notice that two ranks called different
+/// operations from the very first frame, instead of hanging or reducing garbage.
+struct frame_header {
+  std::uint32_t magic = 0;
+  std::uint32_t length = 0;  ///< payload bytes after the header
+  std::uint64_t op_seq = 0;  ///< the communicator's operation number
+  std::uint64_t count = 0;   ///< elements the sender's call named
+  std::uint8_t kind = 0;     ///< collective, or frame_abort
+  std::uint8_t dtype = 0;
+  std::uint8_t redop = 0;
+  std::uint8_t algorithm = 0;
+  std::uint32_t step = 0;
+  std::uint64_t slice = 0;
+};
+static_assert(sizeof(frame_header) == 40, "frame_header must have no padding");
+
+inline constexpr std::uint32_t frame_magic = 0x31524843;  // "CHR1"
+/// A frame of this kind carries an error message instead of data: the sender failed and
+/// every operation with it must fail too.
+inline constexpr std::uint8_t frame_abort = 0xff;
+/// Largest payload of one frame. Larger lengths on the wire are rejected before any use.
+inline constexpr std::uint32_t max_frame_payload = 64u << 20;
+
+/// The operation-wide part of a header, which every frame of one operation shares.
+struct op_fingerprint {
+  std::uint64_t op_seq = 0;
+  std::uint64_t count = 0;
+  collective kind = collective::all_reduce;
+  chorus::dtype type = chorus::dtype::float32;
+  reduce_op op = reduce_op::sum;
+  algo algorithm = algo::ring;
+};
+
+inline frame_header make_header(const op_fingerprint& f, std::uint32_t step, std::uint64_t slice,
+                                std::uint32_t length) {
+  return frame_header{frame_magic,
+                      length,
+                      f.op_seq,
+                      f.count,
+                      static_cast<std::uint8_t>(f.kind),
+                      static_cast<std::uint8_t>(f.type),
+                      static_cast<std::uint8_t>(f.op),
+                      static_cast<std::uint8_t>(f.algorithm),
+                      step,
+                      slice};
+}
+
+inline std::string describe_call(const frame_header& h) {
+  const auto kind = static_cast<collective>(h.kind);
+  std::string s = std::string(to_string(kind)) + "(count=" + std::to_string(h.count) +
+                  ", " + std::string(to_string(static_cast<chorus::dtype>(h.dtype)));
+  if (kind != collective::all_gather) {
+    s += ", " + std::string(to_string(static_cast<reduce_op>(h.redop)));
+  }
+  s += ", " + std::string(to_string(static_cast<algo>(h.algorithm))) + ") as op " +
+       std::to_string(h.op_seq);
+  return s;
+}
+
+/// Checks a received header against the one this rank expects. Throws errc::protocol for
+/// bytes that are not a chorus frame, errc::remote_error for an abort frame (the caller reads
+/// its payload first and passes it as `abort_text`) and errc::mismatch for a frame of a
+/// different operation.
+inline void check_header(const frame_header& got, const frame_header& want, int peer,
+                         int self) {
+  if (got.magic != frame_magic) {
+    throw error(errc::protocol,
+                "rank " + std::to_string(peer) + " sent a frame with bad magic 0x" +
+                    [&] {
+                      char buf[16];
+                      std::snprintf(buf, sizeof buf, "%08x", got.magic);
+                      return std::string(buf);
+                    }(),
+                {peer}, want.op_seq, "recv");
+  }
+  const bool same_call = got.op_seq == want.op_seq && got.count == want.count &&
+                         got.kind == want.kind && got.dtype == want.dtype &&
+                         got.redop == want.redop && got.algorithm == want.algorithm;
+  if (!same_call) {
+    throw error(errc::mismatch,
+                "mismatched collectives: rank " + std::to_string(self) + " called " +
+                    describe_call(want) + " but rank " + std::to_string(peer) + " called " +
+                    describe_call(got),
+                {self, peer}, want.op_seq, std::string(to_string(static_cast<collective>(want.kind))));
+  }
+  // Step numbers are each rank's own (a rank folded in by recursive doubling has fewer
+  // steps), so they are carried for debugging only; slice and length must agree.
+  if (got.slice != want.slice || got.length != want.length) {
+    throw error(errc::protocol,
+                "rank " + std::to_string(peer) + " sent slice " + std::to_string(got.slice) +
+                    " (" + std::to_string(got.length) + " bytes) where slice " +
+                    std::to_string(want.slice) + " (" + std::to_string(want.length) +
+                    " bytes) was due",
+                {peer}, want.op_seq, std::string(to_string(static_cast<collective>(want.kind))));
+  }
+}
+
+}  // namespace chorus::detail

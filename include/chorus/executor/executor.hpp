@@ -1,0 +1,356 @@
+// SPDX-License-Identifier: Apache-2.0
+// The executor: runs one rank's schedule over a transport, slice by slice, reducing as data lands.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "chorus/concepts.hpp"
+#include "chorus/detail/frame.hpp"
+#include "chorus/error.hpp"
+#include "chorus/executor/staging.hpp"
+#include "chorus/reduce/reduce.hpp"
+#include "chorus/schedule/schedule.hpp"
+
+namespace chorus {
+
+/// Tuning of the executor. Defaults were measured on 2 cores over TCP loopback
+/// (bench/perf/all_reduce_perf); each field has a CHORUS_* variable.
+struct executor_options {
+  std::size_t slice_bytes = 512 * 1024;  ///< CHORUS_SLICE_BYTES: bytes per frame, >= 4 KiB
+  std::size_t window = 8;                ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs), 1..64
+  std::chrono::microseconds spin{50};    ///< CHORUS_SPIN_US: poll this long before sleeping
+};
+
+/// The buffers of one operation and how to combine elements.
+struct op_buffers {
+  const std::byte* input = nullptr;
+  std::byte* output = nullptr;
+  std::size_t input_bytes = 0;
+  std::size_t output_bytes = 0;
+  std::size_t elem_size = 1;
+  reduce_fn reduce = nullptr;  ///< needed when a step reduces
+};
+
+class executor {
+ public:
+  executor(detail::any_transport& t, executor_options o) : transport_(t), opts_(o) {
+    opts_.slice_bytes = std::max<std::size_t>(opts_.slice_bytes, 4096);
+    opts_.window = std::clamp<std::size_t>(opts_.window, 1, 64);
+  }
+
+  /// Runs `s` to completion, or throws chorus::error naming the operation and the peer.
+  void run(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b,
+           clock::time_point deadline, std::chrono::milliseconds timeout);
+
+ private:
+  struct place {  // a region resolved to memory, with its canonical identity for hazards
+    std::byte* ptr = nullptr;
+    std::size_t bytes = 0;
+    int canon = -1;  // canonical buffer (input aliased into output maps to output)
+    std::size_t start = 0;
+  };
+  struct step_state {
+    place send, recv, local;
+    std::size_t send_slices = 0, recv_slices = 0;
+    std::size_t send_posted = 0, send_done = 0;
+    std::size_t recv_posted = 0, recv_done = 0;
+    // Hazards, as lists of earlier (or same) steps whose progress gates ours slice by slice.
+    std::vector<std::uint32_t> send_after_writes;  // steps writing what we send
+    std::vector<std::uint32_t> recv_after_sends;   // steps sending what we overwrite
+    std::vector<std::uint32_t> recv_after_writes;  // steps writing what we overwrite or reduce with
+  };
+  struct inflight {
+    transfer x;
+    std::uint32_t step = 0;
+    std::size_t slice = 0;
+    std::size_t slot = 0;  // staging slot of a reducing receive
+  };
+
+  std::size_t slice_len(const place& p, std::size_t k) const {
+    const std::size_t first = k * slice_;
+    return first >= p.bytes ? 0 : std::min(slice_, p.bytes - first);
+  }
+  static std::size_t slices_of(std::size_t bytes, std::size_t slice) {
+    return std::max<std::size_t>(1, (bytes + slice - 1) / slice);
+  }
+  static bool overlaps(const place& a, const place& b) {
+    if (a.canon != b.canon || a.bytes == 0 || b.bytes == 0) return false;
+    return a.start < b.start + b.bytes && b.start < a.start + a.bytes;
+  }
+  bool written_upto(std::uint32_t t, std::size_t k) const {
+    return steps_[t].recv_done >= std::min(k + 1, steps_[t].recv_slices);
+  }
+  bool sent_upto(std::uint32_t t, std::size_t k) const {
+    return steps_[t].send_done >= std::min(k + 1, steps_[t].send_slices);
+  }
+
+  place resolve(const region& r, const op_buffers& b, std::size_t alias_offset, bool aliased);
+  void plan(const schedule& s, const op_buffers& b);
+  bool advance(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b);
+  [[noreturn]] void fail_timeout(const schedule& s, const detail::op_fingerprint& fp,
+                                 std::chrono::milliseconds timeout) const;
+
+  detail::any_transport& transport_;
+  executor_options opts_;
+  detail::staging_buffer staging_;  // window x slice bytes, for reducing receives
+  detail::staging_buffer scratch_;  // the schedule's scratch buffer
+  std::size_t slice_ = 0;
+
+  // Per-run state; the vectors keep their capacity between operations.
+  std::vector<step_state> steps_;
+  std::deque<inflight> sends_, recvs_;
+  std::size_t send_step_ = 0, recv_step_ = 0;
+  std::size_t next_slot_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+
+inline executor::place executor::resolve(const region& r, const op_buffers& b,
+                                         std::size_t alias_offset, bool aliased) {
+  place p;
+  p.bytes = r.count * b.elem_size;
+  const std::size_t off = r.offset * b.elem_size;
+  switch (r.buffer) {
+    case buffer_id::input:
+      // The input is only read; const_cast lets one place type serve sends and copies.
+      p.ptr = const_cast<std::byte*>(b.input) + off;
+      p.canon = aliased ? 1 : 0;
+      p.start = aliased ? off + alias_offset : off;
+      break;
+    case buffer_id::output:
+      p.ptr = b.output + off;
+      p.canon = 1;
+      p.start = off;
+      break;
+    case buffer_id::scratch:
+      p.ptr = scratch_.data() + off;
+      p.canon = 2;
+      p.start = off;
+      break;
+  }
+  return p;
+}
+
+inline void executor::plan(const schedule& s, const op_buffers& b) {
+  // An input that lies inside the output (in-place calls) is the same memory: hazards between
+  // the two must be tracked as one buffer.
+  const bool aliased = b.input_bytes > 0 && b.input >= b.output &&
+                       b.input + b.input_bytes <= b.output + b.output_bytes;
+  const std::size_t alias_offset = aliased ? static_cast<std::size_t>(b.input - b.output) : 0;
+
+  steps_.clear();
+  steps_.resize(s.steps.size());
+  for (std::size_t i = 0; i < s.steps.size(); ++i) {
+    const step& st = s.steps[i];
+    step_state& ss = steps_[i];
+    if (st.send_peer >= 0) {
+      ss.send = resolve(st.send_from, b, alias_offset, aliased);
+      ss.send_slices = slices_of(ss.send.bytes, slice_);
+    }
+    if (st.action != recv_action::none) {
+      ss.recv = resolve(st.recv_into, b, alias_offset, aliased);
+      ss.recv_slices = st.action == recv_action::copy ? 1 : slices_of(ss.recv.bytes, slice_);
+      if (st.action == recv_action::reduce || st.action == recv_action::copy) {
+        ss.local = resolve(st.reduce_with, b, alias_offset, aliased);
+      }
+    }
+    auto same_start = [&](const place& a, const place& c) {
+      if (overlaps(a, c) && a.start != c.start) {
+        throw error(errc::invalid_argument,
+                    "schedule bug: step " + std::to_string(i) +
+                        " touches a region that overlaps another without starting at the same "
+                        "offset (see schedule.hpp)");
+      }
+      return overlaps(a, c);
+    };
+    for (std::size_t t = 0; t <= i; ++t) {
+      const step_state& ts = steps_[t];
+      const step& tt = s.steps[t];
+      const auto tu = static_cast<std::uint32_t>(t);
+      const bool t_writes = tt.action != recv_action::none;
+      if (t < i && t_writes && st.send_peer >= 0 && same_start(ts.recv, ss.send)) {
+        ss.send_after_writes.push_back(tu);
+      }
+      if (st.action != recv_action::none) {
+        if (tt.send_peer >= 0 && same_start(ts.send, ss.recv)) ss.recv_after_sends.push_back(tu);
+        if (tt.send_peer >= 0 && st.action == recv_action::copy && same_start(ts.send, ss.local)) {
+          // nothing: reading what a step sends is harmless
+        }
+        if (t < i && t_writes &&
+            (same_start(ts.recv, ss.recv) ||
+             (ss.local.bytes > 0 && same_start(ts.recv, ss.local)))) {
+          ss.recv_after_writes.push_back(tu);
+        }
+      }
+    }
+  }
+}
+
+inline bool executor::advance(const schedule& s, const detail::op_fingerprint& fp,
+                              const op_buffers& b) {
+  bool moved = false;
+
+  // 1. Retire finished sends and receives in posting order; apply reductions as data lands.
+  while (!sends_.empty() && sends_.front().x.done) {
+    ++steps_[sends_.front().step].send_done;
+    sends_.pop_front();
+    moved = true;
+  }
+  while (!recvs_.empty() && recvs_.front().x.done) {
+    const inflight& f = recvs_.front();
+    step_state& ss = steps_[f.step];
+    if (s.steps[f.step].action == recv_action::reduce && f.x.length > 0) {
+      const std::size_t off = f.slice * slice_;
+      b.reduce(ss.recv.ptr + off, ss.local.ptr + off, f.x.data, f.x.length / b.elem_size);
+    }
+    ++ss.recv_done;
+    recvs_.pop_front();
+    moved = true;
+  }
+
+  // 2. Post sends in schedule order while the window has room and the data is ready.
+  while (send_step_ < steps_.size() && sends_.size() < opts_.window) {
+    step_state& ss = steps_[send_step_];
+    const step& st = s.steps[send_step_];
+    if (st.send_peer < 0 || ss.send_posted == ss.send_slices) {
+      ++send_step_;
+      continue;
+    }
+    const std::size_t k = ss.send_posted;
+    bool ready = true;
+    for (auto t : ss.send_after_writes) ready = ready && written_upto(t, k);
+    if (!ready) break;
+    inflight& f = sends_.emplace_back();
+    const std::size_t len = slice_len(ss.send, k);
+    f.step = static_cast<std::uint32_t>(send_step_);
+    f.slice = k;
+    f.x.data = ss.send.ptr + k * slice_;
+    f.x.length = len;
+    f.x.header = detail::make_header(fp, f.step, k, static_cast<std::uint32_t>(len));
+    ++ss.send_posted;
+    transport_.post_send(st.send_peer, &f.x);
+    moved = true;
+  }
+
+  // 3. Post receives (and run local copies) in schedule order.
+  while (recv_step_ < steps_.size() && recvs_.size() < opts_.window) {
+    step_state& ss = steps_[recv_step_];
+    const step& st = s.steps[recv_step_];
+    if (st.action == recv_action::none || ss.recv_posted == ss.recv_slices) {
+      ++recv_step_;
+      continue;
+    }
+    if (st.action == recv_action::copy) {
+      bool ready = true;
+      for (auto t : ss.recv_after_sends) ready = ready && steps_[t].send_done == steps_[t].send_slices;
+      for (auto t : ss.recv_after_writes) ready = ready && steps_[t].recv_done == steps_[t].recv_slices;
+      if (!ready || !recvs_.empty()) break;  // earlier receives may still write our source
+      if (ss.recv.bytes > 0 && ss.recv.ptr != ss.local.ptr) {
+        std::memmove(ss.recv.ptr, ss.local.ptr, ss.recv.bytes);
+      }
+      ss.recv_posted = ss.recv_done = 1;
+      moved = true;
+      continue;
+    }
+    const std::size_t k = ss.recv_posted;
+    bool ready = true;
+    for (auto t : ss.recv_after_sends) ready = ready && sent_upto(t, k);
+    for (auto t : ss.recv_after_writes) ready = ready && written_upto(t, k);
+    if (!ready) break;
+    inflight& f = recvs_.emplace_back();
+    const std::size_t len = slice_len(ss.recv, k);
+    f.step = static_cast<std::uint32_t>(recv_step_);
+    f.slice = k;
+    f.x.length = len;
+    if (st.action == recv_action::reduce) {
+      f.slot = next_slot_++ % opts_.window;  // FIFO retirement frees slots in this order
+      f.x.data = staging_.data() + f.slot * slice_;
+    } else {
+      f.x.data = ss.recv.ptr + k * slice_;
+    }
+    f.x.header = detail::make_header(fp, f.step, k, static_cast<std::uint32_t>(len));
+    ++ss.recv_posted;
+    transport_.post_recv(st.recv_peer, &f.x);
+    moved = true;
+  }
+  return moved;
+}
+
+inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
+                          const op_buffers& b, clock::time_point deadline,
+                          std::chrono::milliseconds timeout) {
+  slice_ = opts_.slice_bytes / b.elem_size * b.elem_size;
+  staging_.reserve(opts_.window * slice_);
+  scratch_.reserve(s.scratch_count * b.elem_size);
+  plan(s, b);
+  sends_.clear();
+  recvs_.clear();
+  send_step_ = recv_step_ = 0;
+  next_slot_ = 0;
+
+  auto finished = [&] {
+    if (!sends_.empty() || !recvs_.empty()) return false;
+    for (const auto& ss : steps_) {
+      if (ss.send_done != ss.send_slices || ss.recv_done != ss.recv_slices) return false;
+    }
+    return true;
+  };
+  try {
+    auto last_move = clock::now();
+    for (;;) {
+      bool moved = advance(s, fp, b);
+      if (finished()) return;
+      moved = transport_.progress() || moved;
+      if (moved) {
+        last_move = clock::now();
+        continue;
+      }
+      const auto now = clock::now();
+      if (now >= deadline) fail_timeout(s, fp, timeout);
+      // Spin briefly (a reply often lands within microseconds), then sleep in the kernel so
+      // that ranks sharing a core with us can run.
+      if (now - last_move > opts_.spin) transport_.wait(deadline);
+    }
+  } catch (const error& e) {
+    // Transfers point into sends_/recvs_: drop them only after the transport forgot them,
+    // which the communicator guarantees by never using a failed transport again.
+    if (e.op()) throw;
+    throw error(e.code(),
+                std::string(e.what()).substr(8) + " (op " + std::to_string(fp.op_seq) + ", " +
+                    std::string(to_string(fp.kind)) + ")",
+                e.ranks(), fp.op_seq, std::string(to_string(fp.kind)));
+  }
+}
+
+inline void executor::fail_timeout(const schedule& s, const detail::op_fingerprint& fp,
+                                   std::chrono::milliseconds timeout) const {
+  std::string what;
+  std::vector<int> ranks;
+  if (!recvs_.empty()) {
+    const int peer = s.steps[recvs_.front().step].recv_peer;
+    what = "recv from rank " + std::to_string(peer);
+    ranks.push_back(peer);
+  } else if (!sends_.empty()) {
+    const int peer = s.steps[sends_.front().step].send_peer;
+    what = "send to rank " + std::to_string(peer);
+    ranks.push_back(peer);
+  } else {
+    what = "operation";
+  }
+  const double secs = static_cast<double>(timeout.count()) / 1000.0;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", secs);
+  throw error(errc::timeout,
+              what + " (op " + std::to_string(fp.op_seq) + ", " + std::string(to_string(fp.kind)) +
+                  ") timed out after " + buf + " s",
+              ranks, fp.op_seq, std::string(to_string(fp.kind)));
+}
+
+}  // namespace chorus

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// Proves the schedules symbolically: every output holds every contribution exactly once.
+#include <doctest/doctest.h>
+
+#include <chorus/schedule/recursive_doubling.hpp>
+#include <chorus/schedule/ring.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "symbolic.hpp"
+
+using namespace chorus;
+using chorus::test::symbol;
+
+namespace {
+
+using maker = std::function<schedule(int, int, std::size_t)>;
+
+// Counts that exercise empty chunks, uneven chunks and exact multiples.
+std::vector<std::size_t> counts_for(int n) {
+  const auto nn = static_cast<std::size_t>(n);
+  return {0, 1, nn - 1, nn, 2 * nn + 1, 3 * nn + 2};
+}
+
+std::string check_all_reduce(const maker& make, int n, std::size_t count) {
+  std::vector<schedule> scheds;
+  std::vector<test::symbolic_rank> ranks(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    scheds.push_back(make(r, n, count));
+    auto& me = ranks[static_cast<std::size_t>(r)];
+    me.input = test::contribution(r, n, count);
+    me.output = test::unwritten(n, count);
+    me.scratch = test::unwritten(n, scheds.back().scratch_count);
+  }
+  if (auto e = test::run_symbolic(scheds, ranks)) return *e;
+  const std::vector<int> once(static_cast<std::size_t>(n), 1);
+  for (int r = 0; r < n; ++r) {
+    const auto& out = ranks[static_cast<std::size_t>(r)].output;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (out[i].element != static_cast<long>(i) || out[i].from != once) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) +
+               " does not hold every rank's contribution exactly once";
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("ring all_reduce leaves every rank with every contribution exactly once, n = 1..64") {
+  for (int n = 1; n <= 64; ++n) {
+    for (std::size_t count : counts_for(n)) {
+      CAPTURE(n);
+      CAPTURE(count);
+      CHECK(check_all_reduce(ring_all_reduce, n, count) == "");
+    }
+  }
+}
+
+TEST_CASE("recursive doubling all_reduce is exact for powers of two and for the rest, n = 1..64") {
+  for (int n = 1; n <= 64; ++n) {
+    for (std::size_t count : counts_for(n)) {
+      CAPTURE(n);
+      CAPTURE(count);
+      CHECK(check_all_reduce(recursive_doubling_all_reduce, n, count) == "");
+    }
+  }
+}
+
+TEST_CASE("ring reduce_scatter leaves block r fully reduced on rank r, n = 1..64") {
+  for (int n = 1; n <= 64; ++n) {
+    for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+      CAPTURE(n);
+      CAPTURE(block);
+      const auto nn = static_cast<std::size_t>(n);
+      std::vector<schedule> scheds;
+      std::vector<test::symbolic_rank> ranks(nn);
+      for (int r = 0; r < n; ++r) {
+        scheds.push_back(ring_reduce_scatter(r, n, block));
+        auto& me = ranks[static_cast<std::size_t>(r)];
+        me.input = test::contribution(r, n, block * nn);
+        me.output = test::unwritten(n, block);
+        me.scratch = test::unwritten(n, scheds.back().scratch_count);
+      }
+      REQUIRE(test::run_symbolic(scheds, ranks) == std::nullopt);
+      const std::vector<int> once(nn, 1);
+      for (int r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < block; ++i) {
+          const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];
+          CHECK(v.element == static_cast<long>(static_cast<std::size_t>(r) * block + i));
+          CHECK(v.from == once);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring all_gather delivers every rank's block to every rank, n = 1..64") {
+  for (int n = 1; n <= 64; ++n) {
+    for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+      CAPTURE(n);
+      CAPTURE(block);
+      const auto nn = static_cast<std::size_t>(n);
+      std::vector<schedule> scheds;
+      std::vector<test::symbolic_rank> ranks(nn);
+      for (int r = 0; r < n; ++r) {
+        scheds.push_back(ring_all_gather(r, n, block));
+        auto& me = ranks[static_cast<std::size_t>(r)];
+        me.input = test::contribution(r, n, block, static_cast<long>(static_cast<std::size_t>(r) * block));
+        me.output = test::unwritten(n, block * nn);
+      }
+      REQUIRE(test::run_symbolic(scheds, ranks) == std::nullopt);
+      for (int r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < block * nn; ++i) {
+          const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];
+          const auto owner = static_cast<std::size_t>(i / block);
+          std::vector<int> expect(nn, 0);
+          expect[owner] = 1;
+          CHECK(v.element == static_cast<long>(i));
+          CHECK(v.from == expect);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the symbolic checker rejects a schedule that counts a contribution twice") {
+  // A broken ring: the all-gather phase reduces instead of storing.
+  auto broken = [](int r, int n, std::size_t count) {
+    schedule s = ring_all_reduce(r, n, count);
+    for (auto& st : s.steps) {
+      if (st.action == recv_action::store) {
+        st.action = recv_action::reduce;
+        st.reduce_with = st.recv_into;
+      }
+    }
+    return s;
+  };
+  CHECK(check_all_reduce(broken, 4, 8) != "");
+}
+
+TEST_CASE("the symbolic checker reports a deadlock when a rank waits for a message never sent") {
+  auto broken = [](int r, int n, std::size_t count) {
+    schedule s = ring_all_reduce(r, n, count);
+    if (r == 0) s.steps.pop_back();  // rank 0 skips its last step: rank 1 waits forever
+    return s;
+  };
+  CHECK(check_all_reduce(broken, 3, 6) != "");
+}
+
+TEST_CASE("ring all_reduce sends 2(P-1)/P of the buffer per rank, as its header says") {
+  for (int n = 2; n <= 16; ++n) {
+    const std::size_t count = static_cast<std::size_t>(n) * 10;
+    std::size_t sent = 0;
+    for (const auto& st : ring_all_reduce(0, n, count).steps) {
+      if (st.send_peer >= 0) sent += st.send_from.count;
+    }
+    CHECK(sent == 2 * static_cast<std::size_t>(n - 1) * 10);
+  }
+}

@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: Apache-2.0
+// One TCP connection to a peer: queued frames out, posted frames in, few system calls.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include <chorus/concepts.hpp>
+#include <chorus/detail/frame.hpp>
+#include <chorus/error.hpp>
+#include <chorus/transport/tcp/socket.hpp>
+
+namespace chorus::detail {
+
+/// Frames of at most this many payload bytes are read through the connection's buffer, so
+/// that one recv() brings in several small frames; larger payloads are read straight into
+/// their destination (no extra copy).
+inline constexpr std::size_t tcp_small_payload = 16 * 1024;
+inline constexpr std::size_t tcp_rx_buffer = 256 * 1024;
+/// Longest abort message we accept from a peer.
+inline constexpr std::uint32_t max_abort_text = 4096;
+
+class tcp_connection {
+ public:
+  tcp_connection(unique_fd fd, int self, int peer)
+      : fd_(std::move(fd)), self_(self), peer_(peer), rx_(new std::byte[tcp_rx_buffer]) {}
+
+  int fd() const { return fd_.get(); }
+  int peer() const { return peer_; }
+  bool busy() const { return !txq_.empty() || !rxq_.empty(); }
+  /// Worth calling pump(): the socket may have bytes, or buffered bytes may answer a receive.
+  bool wants_pump() const { return readable || (!rxq_.empty() && rx_end_ > rx_begin_); }
+
+  // Readiness as last reported by edge-triggered epoll; cleared when a call says EAGAIN.
+  bool readable = true;
+  bool writable = true;
+
+  void post_send(transfer* x) {
+    if (closed_) throw lost("send to");
+    txq_.push_back(x);
+  }
+  void post_recv(transfer* x) {
+    if (closed_ && rx_end_ == rx_begin_) throw lost("recv from");
+    rxq_.push_back(x);
+  }
+
+  /// Writes queued frames: one sendmsg() carries up to 32 frames (header + payload each).
+  bool flush() {
+    bool moved = false;
+    while (!txq_.empty() && writable) {
+      iovec iov[64];
+      int n = 0;
+      std::size_t off = tx_off_;
+      for (auto it = txq_.begin(); it != txq_.end() && n < 63; ++it) {
+        transfer* x = *it;
+        constexpr std::size_t hsz = sizeof(frame_header);
+        if (off < hsz) {
+          iov[n++] = {reinterpret_cast<char*>(&x->header) + off, hsz - off};
+          if (x->length > 0) iov[n++] = {x->data, x->length};
+        } else {
+          iov[n++] = {x->data + (off - hsz), x->length - (off - hsz)};
+        }
+        off = 0;
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<std::size_t>(n);
+      const ssize_t sent = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          writable = false;
+          break;
+        }
+        if (errno == EINTR) continue;
+        closed_ = true;
+        throw lost("send to", errno);
+      }
+      moved = true;
+      // Retire whole frames; keep the offset into a partly written one.
+      auto left = static_cast<std::size_t>(sent);
+      while (left > 0) {
+        transfer* x = txq_.front();
+        const std::size_t total = sizeof(frame_header) + x->length - tx_off_;
+        if (left >= total) {
+          left -= total;
+          tx_off_ = 0;
+          x->done = true;
+          txq_.pop_front();
+        } else {
+          tx_off_ += left;
+          left = 0;
+        }
+      }
+    }
+    return moved;
+  }
+
+  /// Reads whatever has arrived and completes posted receives. Also reads when nothing is
+  /// posted, so that a peer's abort frame or EOF is noticed while we wait on someone else.
+  bool pump() {
+    bool moved = false;
+    for (;;) {
+      // 1. Deliver what is buffered.
+      if (parse_buffered()) moved = true;
+      if (!readable) break;
+      // 2. A large payload in progress with the buffer drained: read straight into place.
+      if (rx_has_header_ && !rxq_.empty() && rx_begin_ == rx_end_) {
+        transfer* x = rxq_.front();
+        const std::size_t want = x->length - rx_got_;
+        if (want > tcp_small_payload) {
+          const ssize_t n = ::recv(fd_.get(), x->data + rx_got_, want, MSG_DONTWAIT);
+          if (!after_recv(n)) break;
+          rx_got_ += static_cast<std::size_t>(n);
+          moved = true;
+          if (rx_got_ == x->length) complete_front();
+          continue;
+        }
+      }
+      // 3. Otherwise fill the buffer, unless it is full of frames nobody has asked for yet.
+      if (rx_begin_ > 0 && rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
+      if (rx_end_ == tcp_rx_buffer) {
+        if (rx_begin_ == 0) break;  // full: wait for a recv to be posted
+        std::memmove(rx_.get(), rx_.get() + rx_begin_, rx_end_ - rx_begin_);
+        rx_end_ -= rx_begin_;
+        rx_begin_ = 0;
+      }
+      const ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, tcp_rx_buffer - rx_end_, MSG_DONTWAIT);
+      if (!after_recv(n)) break;
+      rx_end_ += static_cast<std::size_t>(n);
+      moved = true;
+    }
+    return moved;
+  }
+
+  /// Best effort, bounded: if no frame is half-sent, send an abort frame carrying `text`.
+  void send_abort(const std::string& text, clock::time_point deadline) noexcept {
+    if (closed_ || tx_off_ != 0) return;
+    try {
+      const auto len = static_cast<std::uint32_t>(std::min<std::size_t>(text.size(), max_abort_text));
+      frame_header h{};
+      h.magic = frame_magic;
+      h.kind = frame_abort;
+      h.length = len;
+      write_all(fd_.get(), &h, sizeof h, deadline);
+      write_all(fd_.get(), text.data(), len, deadline);
+    } catch (...) {
+    }
+    txq_.clear();
+  }
+
+ private:
+  error lost(const char* dir, int err = 0) const {
+    std::string why = err ? std::string(": ") + std::strerror(err) : ": the peer closed the connection";
+    return error(errc::connection_lost,
+                 std::string("connection lost: ") + dir + " rank " + std::to_string(peer_) + why,
+                 {peer_}, std::nullopt, dir);
+  }
+
+  /// Handles a recv() result; false means stop reading for now.
+  bool after_recv(ssize_t n) {
+    if (n > 0) return true;
+    if (n == 0) {
+      closed_ = true;
+      readable = false;
+      // EOF between operations is how a finished peer says goodbye; only an EOF that leaves
+      // a posted receive unanswered (or cuts a frame) is a failure.
+      if (!rxq_.empty() || rx_has_header_ || rx_end_ != rx_begin_) throw lost("recv from");
+      return false;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      readable = false;
+      return false;
+    }
+    if (errno == EINTR) return true;
+    closed_ = true;
+    throw lost("recv from", errno);
+  }
+
+  /// Consumes complete headers and buffered payload bytes.
+  bool parse_buffered() {
+    bool moved = false;
+    for (;;) {
+      const std::size_t avail = rx_end_ - rx_begin_;
+      if (!rx_has_header_) {
+        if (avail < sizeof(frame_header)) return moved;
+        std::memcpy(&rx_hdr_, rx_.get() + rx_begin_, sizeof rx_hdr_);
+        if (rx_hdr_.magic != frame_magic) {
+          check_header(rx_hdr_, frame_header{}, peer_, self_);  // throws errc::protocol
+        }
+        if (rx_hdr_.kind == frame_abort) {
+          if (rx_hdr_.length > max_abort_text) {
+            throw error(errc::protocol, "rank " + std::to_string(peer_) + " sent an abort frame of " +
+                                            std::to_string(rx_hdr_.length) + " bytes",
+                        {peer_});
+          }
+          if (avail < sizeof(frame_header) + rx_hdr_.length) return moved;  // wait for the text
+          std::string text(reinterpret_cast<const char*>(rx_.get() + rx_begin_ + sizeof(frame_header)),
+                           rx_hdr_.length);
+          throw error(errc::remote_error, "rank " + std::to_string(peer_) + " failed: " + text,
+                      {peer_}, std::nullopt, "recv");
+        }
+        if (rxq_.empty()) return moved;  // a frame for a receive not yet posted: keep it
+        transfer* x = rxq_.front();
+        check_header(rx_hdr_, x->header, peer_, self_);  // lengths now agree with the post
+        rx_begin_ += sizeof(frame_header);
+        rx_has_header_ = true;
+        rx_got_ = 0;
+        moved = true;
+        if (x->length == 0) {
+          complete_front();
+          continue;
+        }
+      }
+      transfer* x = rxq_.front();
+      const std::size_t take = std::min(rx_end_ - rx_begin_, x->length - rx_got_);
+      if (take == 0) return moved;
+      std::memcpy(x->data + rx_got_, rx_.get() + rx_begin_, take);
+      rx_begin_ += take;
+      rx_got_ += take;
+      moved = true;
+      if (rx_got_ == x->length) complete_front();
+    }
+  }
+
+  void complete_front() {
+    rxq_.front()->done = true;
+    rxq_.pop_front();
+    rx_has_header_ = false;
+    rx_got_ = 0;
+  }
+
+  unique_fd fd_;
+  int self_;
+  int peer_;
+  bool closed_ = false;
+
+  std::deque<transfer*> txq_;
+  std::size_t tx_off_ = 0;  // bytes of txq_.front() (header + payload) already sent
+
+  std::deque<transfer*> rxq_;
+  std::unique_ptr<std::byte[]> rx_;
+  std::size_t rx_begin_ = 0, rx_end_ = 0;
+  bool rx_has_header_ = false;  // rx_hdr_ belongs to rxq_.front() and its payload is due
+  frame_header rx_hdr_{};
+  std::size_t rx_got_ = 0;
+};
+
+}  // namespace chorus::detail

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// Socket helpers of the TCP transport: addresses, interface choice, options, set-up I/O.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include <chorus/bootstrap/detail/socket.hpp>  // unique_fd
+#include <chorus/error.hpp>
+
+namespace chorus::detail {
+
+inline error sys_error(const std::string& what, int err = errno) {
+  return error(errc::system, what + ": " + std::strerror(err), {}, std::nullopt, what);
+}
+
+/// A socket address that fits IPv4 and IPv6.
+struct sock_addr {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+
+  int family() const { return storage.ss_family; }
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+  sockaddr* get() { return reinterpret_cast<sockaddr*>(&storage); }
+
+  std::string host() const {
+    char buf[INET6_ADDRSTRLEN] = {};
+    const void* a = family() == AF_INET6
+                        ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr)
+                        : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr);
+    ::inet_ntop(family(), a, buf, sizeof buf);
+    return buf;
+  }
+  std::uint16_t port() const {
+    return ntohs(family() == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port
+                                      : reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  }
+  void set_port(std::uint16_t p) {
+    if (family() == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port = htons(p);
+    } else {
+      reinterpret_cast<sockaddr_in*>(&storage)->sin_port = htons(p);
+    }
+  }
+  /// "host:port", with IPv6 hosts in brackets.
+  std::string str() const {
+    return (family() == AF_INET6 ? "[" + host() + "]" : host()) + ":" + std::to_string(port());
+  }
+};
+
+/// Resolves a numeric or named host and a port.
+inline sock_addr resolve(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    throw error(errc::invalid_argument,
+                "cannot resolve '" + host + "': " + ::gai_strerror(rc), {}, std::nullopt,
+                "getaddrinfo");
+  }
+  sock_addr a;
+  std::memcpy(&a.storage, res->ai_addr, res->ai_addrlen);
+  a.length = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return a;
+}
+
+/// Parses "host:port" or "[v6]:port" as published in the store.
+inline sock_addr parse_host_port(const std::string& s) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= s.size()) {
+    throw error(errc::protocol, "bad address '" + s + "' in the store");
+  }
+  std::string host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const unsigned long port = std::stoul(s.substr(colon + 1));
+  if (port == 0 || port > 65535) throw error(errc::protocol, "bad port in '" + s + "'");
+  return resolve(host, static_cast<std::uint16_t>(port));
+}
+
+/// The address our listener binds: the first address of interface `ifname` when given,
+/// else the local address the kernel would use to reach the master (so the data path uses
+/// the same network as the store, and loopback jobs stay on loopback).
+inline sock_addr choose_local_address(const std::string& ifname, const sock_addr& master) {
+  if (!ifname.empty()) {
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) throw sys_error("getifaddrs");
+    sock_addr found;
+    std::string names;
+    for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+      if (it->ifa_addr == nullptr) continue;
+      const int fam = it->ifa_addr->sa_family;
+      if (fam != AF_INET && fam != AF_INET6) continue;
+      if (names.find(std::string(it->ifa_name) + " ") == std::string::npos) {
+        names += std::string(it->ifa_name) + " ";
+      }
+      // Prefer IPv4, which every peer can reach without a scope id.
+      if (ifname == it->ifa_name && (found.length == 0 || (fam == AF_INET && found.family() != AF_INET))) {
+        found.length = fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+        std::memcpy(&found.storage, it->ifa_addr, found.length);
+      }
+    }
+    ::freeifaddrs(list);
+    if (found.length == 0) {
+      if (!names.empty()) names.pop_back();
+      throw error(errc::invalid_argument, "CHORUS_SOCKET_IFNAME='" + ifname +
+                                              "' names no interface with an IP address (have: " +
+                                              names + ")");
+    }
+    found.set_port(0);
+    return found;
+  }
+  unique_fd probe(::socket(master.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!probe) throw sys_error("socket");
+  if (::connect(probe.get(), master.get(), master.length) != 0) {
+    throw sys_error("no route to the master " + master.str());
+  }
+  sock_addr local;
+  local.length = sizeof local.storage;
+  if (::getsockname(probe.get(), local.get(), &local.length) != 0) throw sys_error("getsockname");
+  local.set_port(0);
+  return local;
+}
+
+inline void set_nonblocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) throw sys_error("fcntl");
+}
+
+inline void set_int_option(int fd, int level, int name, int value, const char* what) {
+  if (::setsockopt(fd, level, name, &value, sizeof value) != 0) throw sys_error(what);
+}
+
+/// Waits for `events` on fd until the deadline; false on timeout.
+inline bool poll_until(int fd, short events, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count() + 1, 1000)));
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) throw sys_error("poll");
+  }
+}
+
+/// Writes all of [data, data+len) on a blocking-style path with a deadline (set-up only).
+inline void write_all(int fd, const void* data, std::size_t len,
+                      std::chrono::steady_clock::time_point deadline) {
+  auto* p = static_cast<const char*>(data);
+  while (len > 0) {
+    const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<std::size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!poll_until(fd, POLLOUT, deadline)) {
+        throw error(errc::timeout, "send timed out during connection set-up");
+      }
+    } else {
+      throw sys_error("send");
+    }
+  }
+}
+
+/// Reads exactly len bytes with a deadline (set-up only). False on EOF or timeout.
+inline bool read_all(int fd, void* data, std::size_t len,
+                     std::chrono::steady_clock::time_point deadline) {
+  auto* p = static_cast<char*>(data);
+  while (len > 0) {
+    const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      return false;
+    } else if (errno == EAGAIN || errno == EINTR) {
+      if (!poll_until(fd, POLLIN, deadline)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace chorus::detail
