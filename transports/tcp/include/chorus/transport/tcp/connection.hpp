@@ -137,6 +137,10 @@ class tcp_connection {
       rx_end_ += static_cast<std::size_t>(n);
       moved = true;
     }
+    if (closed_ && !rxq_.empty()) {
+      parse_buffered();
+      if (!rxq_.empty()) throw lost("recv from");
+    }
     return moved;
   }
 
@@ -168,11 +172,11 @@ class tcp_connection {
   bool after_recv(ssize_t n) {
     if (n > 0) return true;
     if (n == 0) {
+      // EOF between operations is how a finished peer says goodbye: its last frames may
+      // still sit in our buffer. Only a receive that the buffer cannot answer is a failure
+      // (pump() checks that once the buffer is parsed).
       closed_ = true;
       readable = false;
-      // EOF between operations is how a finished peer says goodbye; only an EOF that leaves
-      // a posted receive unanswered (or cuts a frame) is a failure.
-      if (!rxq_.empty() || rx_has_header_ || rx_end_ != rx_begin_) throw lost("recv from");
       return false;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) {

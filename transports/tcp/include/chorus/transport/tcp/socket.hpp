@@ -20,10 +20,13 @@
 #include <string>
 #include <utility>
 
-#include <chorus/bootstrap/detail/socket.hpp>  // unique_fd
+#include <chorus/bootstrap/detail/socket.hpp>  // store_fd
 #include <chorus/error.hpp>
 
 namespace chorus::detail {
+
+/// Owns one file descriptor (the bootstrap's type; one implementation for both).
+using unique_fd = store_fd;
 
 inline error sys_error(const std::string& what, int err = errno) {
   return error(errc::system, what + ": " + std::strerror(err), {}, std::nullopt, what);

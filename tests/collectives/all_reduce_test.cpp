@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+// all_reduce over real TCP ranks: every dtype and op, odd sizes, unaligned buffers, async.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "collectives/values.hpp"
+#include "support/multirank.hpp"
+
+using namespace chorus;
+using chorus::test::run_ranks;
+
+namespace {
+
+/// Runs one all_reduce of `count` elements at byte offset `misalign` and checks every
+/// element against the exact expected value. Returns nothing; failures are RANK_CHECKs.
+template <class T>
+void check_all_reduce(communicator& comm, reduce_op op, std::size_t count, std::size_t misalign,
+                      bool in_place, algo a, std::uint64_t seed) {
+  const std::size_t bytes = count * sizeof(T);
+  std::vector<unsigned char> in_buf(bytes + 16), out_buf(bytes + 16);
+  unsigned char* in = in_buf.data() + misalign;
+  unsigned char* out = in_place ? in : out_buf.data() + (misalign + 3) % 8;
+  for (std::size_t i = 0; i < count; ++i) {
+    const T v = test::input_value<T>(op, comm.rank(), i, seed);
+    std::memcpy(in + i * sizeof(T), &v, sizeof(T));
+  }
+  std::vector<unsigned char> before(in, in + bytes);
+  comm.all_reduce(in, out, count, dtype_of<T>, {.op = op, .algorithm = a});
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    T got;
+    std::memcpy(&got, out + i * sizeof(T), sizeof(T));
+    if (!test::same_bits(got, test::expected_value<T>(op, comm.size(), i, seed))) ++wrong;
+  }
+  if (wrong != 0) {
+    std::fprintf(stderr, "[rank %d] %s %s count %zu misalign %zu %s %s: %zu wrong\n",
+                 comm.rank(), std::string(to_string(dtype_of<T>)).c_str(),
+                 std::string(to_string(op)).c_str(), count, misalign,
+                 in_place ? "in-place" : "out-of-place", std::string(to_string(a)).c_str(), wrong);
+  }
+  RANK_CHECK(wrong == 0);
+  if (!in_place) RANK_CHECK(std::memcmp(before.data(), in, bytes) == 0);  // input untouched
+}
+
+void every_dtype_and_op(communicator& comm) {
+  const std::size_t n = static_cast<std::size_t>(comm.size());
+  std::uint64_t seed = 1;
+  for (dtype t : test::all_dtypes) {
+    for (reduce_op op : test::all_ops) {
+      if (op == reduce_op::avg && !is_floating(t)) continue;
+      test::with_dtype(t, [&]<class T>() {
+        // Counts: empty, one, fewer than ranks, a prime, and enough for several slices.
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, n - 1, std::size_t{1009}}) {
+          for (algo a : {algo::ring, algo::recursive_doubling}) {
+            check_all_reduce<T>(comm, op, count, seed % 7, seed % 2 == 0, a, seed);
+            ++seed;
+          }
+        }
+      });
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce gives every rank the exact reduction for every dtype and op, 1 to 8 ranks") {
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    CAPTURE(n);
+    run_ranks(n, every_dtype_and_op, {.deadline = std::chrono::seconds(240)});
+  }
+}
+
+TEST_CASE("all_reduce is exact for buffers of many slices, in place and out of place") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      // 3 MiB of float plus a prime tail: six 512 KiB slices per chunk at n = 2.
+      const std::size_t count = (3u << 18) + 7;
+      check_all_reduce<float>(comm, reduce_op::sum, count, 0, true, algo::ring, 11);
+      check_all_reduce<float>(comm, reduce_op::max, count, 1, false, algo::ring, 12);
+      check_all_reduce<half>(comm, reduce_op::sum, count, 2, false, algo::ring, 13);
+      check_all_reduce<std::int64_t>(comm, reduce_op::sum, count / 2, 0, false, algo::recursive_doubling, 14);
+    });
+  }
+}
+
+TEST_CASE("all_reduce with a small slice size pipelines many slices per step") {
+  run_ranks(4, [](communicator& comm) {
+    for (std::uint64_t seed = 20; seed < 30; ++seed) {
+      const std::size_t count = test::mix(seed) % 50000;
+      check_all_reduce<double>(comm, reduce_op::sum, count, seed % 5, seed % 2 == 1, algo::ring, seed);
+      check_all_reduce<std::uint8_t>(comm, reduce_op::prod, count, seed % 3, seed % 2 == 0, algo::recursive_doubling, seed);
+    }
+  }, {.env = {{"CHORUS_SLICE_BYTES", "4096"}, {"CHORUS_SLICES_IN_FLIGHT", "3"}}});
+}
+
+TEST_CASE("all_reduce with one connection per peer and no spinning still completes") {
+  run_ranks(3, [](communicator& comm) {
+    check_all_reduce<float>(comm, reduce_op::sum, 100000, 0, true, algo::ring, 40);
+    check_all_reduce<float>(comm, reduce_op::min, 10, 0, false, algo::automatic, 41);
+  }, {.env = {{"CHORUS_TCP_CONNS", "1"}, {"CHORUS_SPIN_US", "0"}}});
+}
+
+TEST_CASE("several async all_reduces in flight complete in issue order with correct results") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const int k = 6;
+      std::vector<std::vector<float>> bufs(k);
+      std::vector<request> reqs;
+      for (int j = 0; j < k; ++j) {
+        bufs[static_cast<std::size_t>(j)].assign(static_cast<std::size_t>(1000 * (j + 1) + j),
+                                                 static_cast<float>(comm.rank() + j));
+        reqs.push_back(comm.all_reduce_async(std::span(bufs[static_cast<std::size_t>(j)])));
+      }
+      // A blocking call issued after the async ones runs after them.
+      std::vector<int> last(17, 1);
+      comm.all_reduce(std::span(last));
+      RANK_CHECK(last[16] == comm.size());
+      for (int j = 0; j < k; ++j) {
+        reqs[static_cast<std::size_t>(j)].wait();
+        RANK_CHECK(reqs[static_cast<std::size_t>(j)].test());
+        const int nn = comm.size();
+        const float want = static_cast<float>(nn * (nn - 1) / 2 + nn * j);
+        bool ok = true;
+        for (float v : bufs[static_cast<std::size_t>(j)]) ok = ok && v == want;
+        RANK_CHECK(ok);
+      }
+    });
+  }
+}
+
+TEST_CASE("every rank gets bit-identical float results from random non-integer data") {
+  run_ranks(5, [](communicator& comm) {
+    for (algo a : {algo::ring, algo::recursive_doubling}) {
+      std::vector<float> v(4099);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        v[i] = static_cast<float>(test::mix(i * 7 + static_cast<std::size_t>(comm.rank())) % 100000) / 977.0f;
+      }
+      comm.all_reduce(std::span(v), {.op = sum, .algorithm = a});
+      // Gather everyone's result and compare bit for bit.
+      std::vector<float> all(v.size() * static_cast<std::size_t>(comm.size()));
+      comm.all_gather(std::span<const float>(v), std::span(all));
+      bool same = true;
+      for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
+        same = same && std::memcmp(all.data() + r * v.size(), v.data(), v.size() * sizeof(float)) == 0;
+      }
+      RANK_CHECK(same);
+      // And close to the sum computed in double.
+      double worst = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        double ref = 0;
+        for (int r = 0; r < comm.size(); ++r) ref += static_cast<float>(test::mix(i * 7 + static_cast<std::size_t>(r)) % 100000) / 977.0f;
+        worst = std::max(worst, std::abs(ref - v[i]) / std::max(1.0, std::abs(ref)));
+      }
+      RANK_CHECK(worst < 1e-5);
+    }
+  });
+}
