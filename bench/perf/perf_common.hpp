@@ -1,0 +1,759 @@
+// SPDX-License-Identifier: Apache-2.0
+// The driver behind all_reduce_perf, reduce_scatter_perf and all_gather_perf: flags, size sweep,
+// timing, exact result check and nccl-tests style output.
+//
+// Units follow nccl-tests (docs/DESIGN.md, "Units"): `size` is the whole buffer in bytes (for
+// reduce_scatter and all_gather the gathered buffer), `count` is elements per rank,
+// algbw = size / time in GB/s (1e9 bytes/s), busbw = algbw * 2(n-1)/n for all_reduce and
+// algbw * (n-1)/n for reduce_scatter and all_gather. `time` is the mean of -n back-to-back
+// operations timed as one block after -w warm-up operations, the maximum over ranks.
+#pragma once
+
+#include <chorus/chorus.hpp>
+#include <chorus/transport/tcp.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+namespace perf {
+
+enum class collective { all_reduce, reduce_scatter, all_gather };
+
+constexpr std::string_view to_string(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+  }
+  return "invalid";
+}
+
+/// The command line, after parsing. Defaults are those of nccl-tests except -e (64 MiB).
+struct options {
+  std::size_t min_bytes = 8;                       ///< -b: >= 1
+  std::size_t max_bytes = std::size_t{64} << 20;   ///< -e: >= min_bytes
+  double factor = 2.0;                             ///< -f: > 1 unless min_bytes == max_bytes
+  int iters = 20;                                  ///< -n: >= 1
+  int warmup = 5;                                  ///< -w: >= 0
+  chorus::dtype type = chorus::dtype::float32;     ///< -d
+  chorus::reduce_op op = chorus::sum;              ///< -o: avg needs a floating type
+  bool check = true;                               ///< -c
+  std::string json;                                ///< --json: empty = no JSON file
+  bool help = false;                               ///< -h
+};
+
+/// A bad command line or environment: main prints it (on rank 0 only) and exits with 2.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// --- command line ----------------------------------------------------------------------
+
+/// Joins pieces with append: `"literal" + std::string(...)` trips a -Wrestrict false positive of
+/// GCC 12 at -O3 (GCC bug 105329), an error under -Werror.
+inline std::string cat(std::initializer_list<std::string_view> parts) {
+  std::string s;
+  for (std::string_view p : parts) s.append(p);
+  return s;
+}
+
+inline void print_help(collective c, std::FILE* f) {
+  std::fprintf(f,
+               "usage: %s_perf [flags]   (one process per rank, e.g. chorus-run -n 4 %s_perf)\n"
+               "  -b, --minbytes N      smallest size in bytes, suffix K/M/G = 2^10/2^20/2^30 "
+               "(default 8)\n"
+               "  -e, --maxbytes N      largest size in bytes (default 64M)\n"
+               "  -f, --stepfactor F    multiply the size by F between rows (default 2)\n"
+               "  -n, --iters N         timed operations per size (default 20)\n"
+               "  -w, --warmup_iters N  untimed operations before timing each size (default 5)\n"
+               "  -d, --datatype T      float double half bfloat16 int8 uint8 int32 uint32 int64 "
+               "uint64 (default float)\n"
+               "  -o, --op OP           sum prod min max avg (default sum; avg needs a floating "
+               "type)\n"
+               "  -c, --check 0|1       check every element of one extra operation per size "
+               "(default 1)\n"
+               "      --json FILE       rank 0 also writes the rows to FILE as a JSON array\n"
+               "  -h, --help            this text\n"
+               "environment:\n"
+               "  CHORUS_TRANSPORT      tcp (default tcp)\n"
+               "  CHORUS_ALGO           auto ring rd (= recursive_doubling) (default auto)\n"
+               "  CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_MASTER_ADDR, CHORUS_MASTER_PORT, ...\n"
+               "                        as for every chorus program\n"
+               "exit status: 0 all rows correct, 1 a wrong element or a chorus error, 2 bad flags "
+               "or environment\n",
+               std::string(to_string(c)).c_str(), std::string(to_string(c)).c_str());
+}
+
+/// "8", "64K", "1M", "2G" -> bytes (powers of 1024).
+inline std::size_t parse_bytes(std::string_view flag, std::string_view text) {
+  std::string_view s = text;
+  unsigned shift = 0;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'K': case 'k': shift = 10; break;
+      case 'M': case 'm': shift = 20; break;
+      case 'G': case 'g': shift = 30; break;
+      default: break;
+    }
+  }
+  if (shift != 0) s.remove_suffix(1);
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size() ||
+      v > (std::numeric_limits<std::size_t>::max() >> shift)) {
+    throw usage_error(cat({flag, " wants a byte count such as 8, 64K, 1M or 2G, not '", text, "'"}));
+  }
+  return static_cast<std::size_t>(v) << shift;
+}
+
+inline int parse_int(std::string_view flag, std::string_view s, int lowest) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size() || v < lowest) {
+    const std::string low = std::to_string(lowest);
+    throw usage_error(cat({flag, " wants an integer >= ", low, ", not '", s, "'"}));
+  }
+  return v;
+}
+
+inline double parse_factor(std::string_view flag, std::string_view s) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size() || !(v > 1.0) || v > 1e6) {
+    throw usage_error(cat({flag, " wants a factor > 1 such as 2, not '", s, "'"}));
+  }
+  return v;
+}
+
+inline chorus::dtype parse_dtype(std::string_view s) {
+  struct name { std::string_view text; chorus::dtype type; };
+  // The canonical names (chorus::to_string) plus the spellings nccl-tests accepts.
+  static constexpr std::array names{
+      name{"float", chorus::dtype::float32},     name{"float32", chorus::dtype::float32},
+      name{"fp32", chorus::dtype::float32},      name{"double", chorus::dtype::float64},
+      name{"float64", chorus::dtype::float64},   name{"fp64", chorus::dtype::float64},
+      name{"half", chorus::dtype::float16},      name{"float16", chorus::dtype::float16},
+      name{"fp16", chorus::dtype::float16},      name{"bfloat16", chorus::dtype::bfloat16},
+      name{"bf16", chorus::dtype::bfloat16},     name{"int8", chorus::dtype::int8},
+      name{"uint8", chorus::dtype::uint8},       name{"int32", chorus::dtype::int32},
+      name{"int", chorus::dtype::int32},         name{"uint32", chorus::dtype::uint32},
+      name{"int64", chorus::dtype::int64},       name{"uint64", chorus::dtype::uint64},
+  };
+  for (const name& n : names) {
+    if (n.text == s) return n.type;
+  }
+  throw usage_error(cat({"-d wants one of float double half bfloat16 int8 uint8 int32 uint32 "
+                         "int64 uint64, not '", s, "'"}));
+}
+
+inline chorus::reduce_op parse_op(std::string_view s) {
+  for (int i = 0; i < chorus::reduce_op_count; ++i) {
+    const auto op = static_cast<chorus::reduce_op>(i);
+    if (chorus::to_string(op) == s) return op;
+  }
+  throw usage_error(cat({"-o wants one of sum prod min max avg, not '", s, "'"}));
+}
+
+/// Accepts `-b 8`, `-b8`, `--minbytes 8` and `--minbytes=8`, as getopt_long does.
+inline options parse_args(collective c, int argc, char** argv) {
+  struct flag { char short_name; std::string_view long_name; bool takes_value; };
+  static constexpr std::array flags{
+      flag{'b', "minbytes", true}, flag{'e', "maxbytes", true},     flag{'f', "stepfactor", true},
+      flag{'n', "iters", true},    flag{'w', "warmup_iters", true}, flag{'d', "datatype", true},
+      flag{'o', "op", true},       flag{'c', "check", true},        flag{'j', "json", true},
+      flag{'h', "help", false},
+  };
+  options o;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    const flag* found = nullptr;
+    std::string_view value;
+    bool has_value = false;
+    if (arg.starts_with("--")) {
+      std::string_view name = arg.substr(2);
+      if (const auto eq = name.find('='); eq != std::string_view::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+        has_value = true;
+      }
+      for (const flag& f : flags) {
+        if (f.long_name == name) found = &f;
+      }
+    } else if (arg.size() >= 2 && arg[0] == '-') {
+      for (const flag& f : flags) {
+        // --json has no short form: -j would collide with nothing, but nccl-tests has none.
+        if (f.short_name == arg[1] && f.short_name != 'j') found = &f;
+      }
+      if (arg.size() > 2) {
+        value = arg.substr(2);
+        has_value = true;
+      }
+    }
+    if (found == nullptr) {
+      throw usage_error(cat({"unknown flag '", arg, "'; -h lists the flags"}));
+    }
+    const std::string name =
+        found->short_name == 'j' ? std::string("--json") : std::string{'-', found->short_name};
+    if (!found->takes_value) {
+      if (has_value) throw usage_error(cat({name, " takes no value"}));
+    } else if (!has_value) {
+      if (i + 1 >= args.size()) {
+        throw usage_error(cat({name, " needs a value; -h lists the flags"}));
+      }
+      value = args[++i];
+    }
+    switch (found->short_name) {
+      case 'b': o.min_bytes = parse_bytes(name, value); break;
+      case 'e': o.max_bytes = parse_bytes(name, value); break;
+      case 'f': o.factor = parse_factor(name, value); break;
+      case 'n': o.iters = parse_int(name, value, 1); break;
+      case 'w': o.warmup = parse_int(name, value, 0); break;
+      case 'd': o.type = parse_dtype(value); break;
+      case 'o': o.op = parse_op(value); break;
+      case 'c':
+        if (value != "0" && value != "1") throw usage_error("-c wants 0 or 1");
+        o.check = value == "1";
+        break;
+      case 'j':
+        if (value.empty()) throw usage_error("--json needs a file name");
+        o.json = std::string(value);
+        break;
+      case 'h': o.help = true; break;
+      default: break;
+    }
+  }
+  if (o.min_bytes == 0) throw usage_error("-b must be at least 1 byte");
+  if (o.max_bytes < o.min_bytes) throw usage_error("-e must be >= -b");
+  if (c != collective::all_gather && o.op == chorus::avg && !chorus::is_floating(o.type)) {
+    throw usage_error("-o avg needs a floating type (float, double, half, bfloat16): an integer "
+                      "average would truncate");
+  }
+  return o;
+}
+
+// --- environment -------------------------------------------------------------------------
+
+/// Transports this binary is linked with; CHORUS_TRANSPORT picks one.
+inline constexpr std::array<std::string_view, 1> transport_names{"tcp"};
+
+inline std::string transport_from_env() {
+  const char* env = std::getenv("CHORUS_TRANSPORT");
+  if (env == nullptr || *env == '\0') return std::string(transport_names[0]);
+  for (std::string_view name : transport_names) {
+    if (name == env) return std::string(name);
+  }
+  std::string valid;
+  for (std::string_view name : transport_names) valid.append(" ").append(name);
+  throw usage_error(cat({"CHORUS_TRANSPORT=", env, " is not a transport this binary has; valid:",
+                         valid}));
+}
+
+inline chorus::algo algo_from_env() {
+  const char* env = std::getenv("CHORUS_ALGO");
+  if (env == nullptr || *env == '\0') return chorus::algo::automatic;
+  if (const auto a = chorus::parse_algo(env)) return *a;
+  throw usage_error(cat({"CHORUS_ALGO=", env,
+                         " is not an algorithm; valid: auto, ring, rd (= recursive_doubling)"}));
+}
+
+inline std::string_view algo_name(chorus::algo a) {
+  // An if-chain, not a switch: an enumerator added later must not break this build.
+  if (a == chorus::algo::ring) return "ring";
+  if (a == chorus::algo::recursive_doubling) return "recursive_doubling";
+  if (a == chorus::algo::automatic) return "auto";
+  return "other";
+}
+
+/// The launcher's rank before a communicator exists, so that only one process prints a usage
+/// message; 0 when no launcher variable is set.
+inline int launcher_rank() {
+  for (const char* var : {"CHORUS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                          "SLURM_PROCID"}) {
+    if (const char* env = std::getenv(var); env != nullptr && *env != '\0') {
+      return std::atoi(env);
+    }
+  }
+  return 0;
+}
+
+/// Guaranteed copy elision: the communicator is built in the caller's variable.
+inline chorus::communicator make_communicator(const std::string& transport) {
+  if (transport == "tcp") return chorus::communicator::from_env<chorus::tcp_transport>();
+  throw usage_error(cat({"no transport named ", transport}));
+}
+
+// --- size sweep ----------------------------------------------------------------------------
+
+struct row_size {
+  std::size_t bytes;  ///< the whole buffer (gathered buffer for reduce_scatter and all_gather)
+  std::size_t count;  ///< elements per rank: all_reduce buffer, reduce_scatter out, all_gather in
+};
+
+/// min, min*f, min*f^2, ... <= max, each rounded down to whole elements per rank (at least one),
+/// dropping a row that rounds to the same size as the row before.
+inline std::vector<row_size> sweep(const options& o, collective c, int nranks) {
+  const std::size_t unit = chorus::size_of(o.type) *
+                           (c == collective::all_reduce ? 1 : static_cast<std::size_t>(nranks));
+  std::vector<row_size> rows;
+  std::size_t s = o.min_bytes;
+  while (true) {
+    const std::size_t count = std::max<std::size_t>(1, s / unit);
+    if (rows.empty() || rows.back().count != count) rows.push_back({count * unit, count});
+    if (s >= o.max_bytes) break;
+    const double next = static_cast<double>(s) * o.factor;
+    if (next > static_cast<double>(o.max_bytes)) break;
+    s = std::max(s + 1, static_cast<std::size_t>(next));
+  }
+  return rows;
+}
+
+// --- element types ---------------------------------------------------------------------------
+
+template <class F>
+void visit(chorus::dtype t, F&& f) {
+  using chorus::dtype;
+  switch (t) {
+    case dtype::float32: f(std::type_identity<float>{}); return;
+    case dtype::float64: f(std::type_identity<double>{}); return;
+    case dtype::float16: f(std::type_identity<chorus::half>{}); return;
+    case dtype::bfloat16: f(std::type_identity<chorus::bfloat16>{}); return;
+    case dtype::int8: f(std::type_identity<std::int8_t>{}); return;
+    case dtype::uint8: f(std::type_identity<std::uint8_t>{}); return;
+    case dtype::int32: f(std::type_identity<std::int32_t>{}); return;
+    case dtype::uint32: f(std::type_identity<std::uint32_t>{}); return;
+    case dtype::int64: f(std::type_identity<std::int64_t>{}); return;
+    case dtype::uint64: f(std::type_identity<std::uint64_t>{}); return;
+  }
+  throw usage_error("invalid dtype");
+}
+
+template <class T>
+T from_double(double x) {
+  if constexpr (std::is_same_v<T, chorus::half>) {
+    return chorus::to_half(static_cast<float>(x));
+  } else if constexpr (std::is_same_v<T, chorus::bfloat16>) {
+    return chorus::to_bfloat16(static_cast<float>(x));
+  } else {
+    return static_cast<T>(x);
+  }
+}
+
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, chorus::half> || std::is_same_v<T, chorus::bfloat16>) {
+    return static_cast<double>(chorus::to_float(v));
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+/// Every integer in [0, limit] is exact in `t` and fits, with room for the check's sentinel
+/// (all bits set) to be none of them.
+constexpr std::uint64_t exact_limit(chorus::dtype t) noexcept {
+  using chorus::dtype;
+  switch (t) {
+    case dtype::float32: return std::uint64_t{1} << 24;
+    case dtype::float64: return std::uint64_t{1} << 53;
+    case dtype::float16: return 2048;
+    case dtype::bfloat16: return 256;
+    case dtype::int8: return 127;
+    case dtype::uint8: return 254;
+    case dtype::int32: return (std::uint64_t{1} << 31) - 1;
+    case dtype::uint32: return (std::uint64_t{1} << 32) - 2;
+    case dtype::int64: return std::uint64_t{1} << 62;
+    case dtype::uint64: return std::uint64_t{1} << 63;
+  }
+  return 0;
+}
+
+/// The largest k with 2^k exact and in range.
+constexpr int max_pow2(chorus::dtype t) noexcept {
+  using chorus::dtype;
+  switch (t) {
+    case dtype::float32: return 127;
+    case dtype::float64: return 1023;
+    case dtype::float16: return 15;
+    case dtype::bfloat16: return 127;
+    case dtype::int8: return 6;
+    case dtype::uint8: return 7;
+    case dtype::int32: return 30;
+    case dtype::uint32: return 31;
+    case dtype::int64: return 62;
+    case dtype::uint64: return 63;
+  }
+  return 0;
+}
+
+// --- the check ---------------------------------------------------------------------------------
+
+/// What rank r puts at global index j. Every value is a small integer (or a power of two for
+/// prod) chosen so that every partial result, in any order of reduction, is exact in the
+/// element type: the expected result is then exact, and the check compares with ==. Values
+/// depend on j only through j mod period(), so expectations are tabulated once per size.
+struct pattern {
+  enum class kind {
+    modular,   ///< (j + 7r) mod m: sum, min, max, all_gather; m odd so no power-of-two shift hides
+    one_hot,   ///< 1 where (j + r) mod n == 0: sum when n exceeds the type's exact range
+    twos,      ///< 2 where (j + r) mod m == 0, else 1: prod, at most max_pow2 twos per element
+    balanced,  ///< (j mod m) +/- c on rank pairs, c in 1..3: avg, whose exact sum is n*(j mod m)
+  };
+  kind k = kind::modular;
+  std::size_t m = 1;
+  int nranks = 1;
+
+  std::size_t period() const noexcept {
+    switch (k) {
+      case kind::modular: return m;
+      case kind::one_hot: return static_cast<std::size_t>(nranks);
+      case kind::twos: return m;
+      case kind::balanced: return 3 * m;
+    }
+    return 1;
+  }
+
+  double value(int rank, std::size_t j) const noexcept {
+    const auto r = static_cast<std::size_t>(rank);
+    switch (k) {
+      case kind::modular: return static_cast<double>((j % m + (7 * r) % m) % m);
+      case kind::one_hot: return (j + r) % static_cast<std::size_t>(nranks) == 0 ? 1.0 : 0.0;
+      case kind::twos: return (j + r) % m == 0 ? 2.0 : 1.0;
+      case kind::balanced: {
+        const auto b = static_cast<double>(j % m);
+        if (nranks % 2 == 1 && rank == nranks - 1) return b;  // the unpaired rank
+        const auto c = static_cast<double>(1 + (j % 3 + (r / 2) % 3) % 3);
+        return r % 2 == 0 ? b + c : b - c;
+      }
+    }
+    return 0;
+  }
+};
+
+inline pattern make_pattern(collective c, chorus::dtype t, chorus::reduce_op op, int nranks) {
+  const std::uint64_t limit = exact_limit(t);
+  const auto n = static_cast<std::uint64_t>(nranks);
+  constexpr std::uint64_t max_modulus = 1021;  // a prime: no chunk or slice size is a multiple
+  auto odd = [](std::uint64_t m) { return m > 2 && m % 2 == 0 ? m - 1 : m; };
+  pattern p;
+  p.nranks = nranks;
+  if (c == collective::all_gather || op == chorus::min || op == chorus::max) {
+    p.k = pattern::kind::modular;
+    p.m = static_cast<std::size_t>(odd(std::min(limit + 1, max_modulus)));
+  } else if (op == chorus::prod) {
+    // ceil(n / k) ranks put a 2 at any index: keep that within the type's largest power of two.
+    const auto e = static_cast<std::uint64_t>(max_pow2(t));
+    p.k = pattern::kind::twos;
+    p.m = static_cast<std::size_t>(std::max<std::uint64_t>(3, (n + e - 1) / e));
+  } else if (op == chorus::avg && limit / n >= 4) {
+    // Partial sums stay within n * (m + 2), in any order.
+    p.k = pattern::kind::balanced;
+    p.m = static_cast<std::size_t>(std::min(limit / n - 2, max_modulus));
+  } else if (op == chorus::avg) {
+    // More ranks than bfloat16 (64) or half (512) can average exactly: all zeros.
+    p.k = pattern::kind::modular;
+    p.m = 1;
+  } else if (limit / n + 1 >= 2) {  // sum: partial sums stay within n * (m - 1)
+    p.k = pattern::kind::modular;
+    p.m = static_cast<std::size_t>(odd(std::min(limit / n + 1, max_modulus)));
+  } else {
+    p.k = pattern::kind::one_hot;
+  }
+  return p;
+}
+
+/// The exact result at global index p (0 <= p < period) of reducing every rank's value.
+inline double expected(const pattern& pat, chorus::reduce_op op, std::size_t p) {
+  double acc = pat.value(0, p);
+  for (int r = 1; r < pat.nranks; ++r) {
+    const double v = pat.value(r, p);
+    if (op == chorus::sum || op == chorus::avg) acc += v;
+    if (op == chorus::prod) acc *= v;
+    if (op == chorus::min) acc = std::min(acc, v);
+    if (op == chorus::max) acc = std::max(acc, v);
+  }
+  return op == chorus::avg ? acc / pat.nranks : acc;
+}
+
+/// Writes rank `rank`'s values for global indices [first, first + n).
+template <class T>
+void fill(T* data, std::size_t n, const pattern& pat, int rank, std::size_t first) {
+  const std::size_t period = pat.period();
+  std::vector<T> table(period);
+  for (std::size_t p = 0; p < period; ++p) table[p] = perf::from_double<T>(pat.value(rank, p));
+  std::size_t p = first % period;
+  for (std::size_t j = 0; j < n; ++j) {
+    data[j] = table[p];
+    if (++p == period) p = 0;
+  }
+}
+
+/// Counts elements of data[0, n) that differ from want(first + j).
+template <class T>
+std::uint64_t count_wrong(const T* data, std::size_t n, const std::vector<double>& want,
+                          std::size_t first) {
+  const std::size_t period = want.size();
+  std::uint64_t wrong = 0;
+  std::size_t p = first % period;
+  for (std::size_t j = 0; j < n; ++j) {
+    // NaN (the sentinel for floating types) compares unequal: an element never written counts.
+    if (!(perf::to_double(data[j]) == want[p])) ++wrong;
+    if (++p == period) p = 0;
+  }
+  return wrong;
+}
+
+// --- buffers, results ---------------------------------------------------------------------------
+
+/// Page-aligned, touched once up front: the timed loop never takes a first-touch page fault.
+class buffer {
+ public:
+  explicit buffer(std::size_t bytes)
+      : bytes_(bytes),
+        data_(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(data_.get(), 0, bytes_);
+  }
+  std::byte* data() const noexcept { return data_.get(); }
+  std::size_t bytes() const noexcept { return bytes_; }
+  template <class T>
+  T* as() const noexcept {
+    return reinterpret_cast<T*>(data_.get());
+  }
+
+ private:
+  struct free_deleter {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::size_t bytes_;
+  std::unique_ptr<std::byte, free_deleter> data_;
+};
+
+struct result {
+  std::size_t bytes;
+  std::size_t count;
+  double time_us;
+  double algbw;
+  double busbw;
+  std::uint64_t wrong;  ///< meaningful when checked
+};
+
+inline void write_json(const std::string& path, const std::vector<result>& rows, collective c,
+                       const options& o, int nranks, chorus::algo a) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "# cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    return;
+  }
+  const std::string type(chorus::to_string(o.type));
+  const std::string op(c == collective::all_gather ? "none" : chorus::to_string(o.op));
+  std::fprintf(f, "[");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const result& r = rows[i];
+    std::fprintf(f,
+                 "%s\n  {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"op\": \"%s\", "
+                 "\"time_us\": %.6g, \"algbw\": %.6g, \"busbw\": %.6g, \"wrong\": ",
+                 i == 0 ? "" : ",", r.bytes, r.count, type.c_str(), op.c_str(), r.time_us, r.algbw,
+                 r.busbw);
+    if (o.check) {
+      std::fprintf(f, "%llu", static_cast<unsigned long long>(r.wrong));
+    } else {
+      std::fprintf(f, "null");
+    }
+    std::fprintf(f, ", \"collective\": \"%s\", \"nranks\": %d, \"algo\": \"%s\"}",
+                 std::string(to_string(c)).c_str(), nranks, std::string(algo_name(a)).c_str());
+  }
+  std::fprintf(f, "\n]\n");
+  std::fclose(f);
+}
+
+// --- the driver --------------------------------------------------------------------------------
+
+inline int run_sweep(collective c, const options& o, chorus::communicator& comm, chorus::algo a) {
+  using clock = std::chrono::steady_clock;
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const auto nn = static_cast<std::size_t>(n);
+  const std::size_t esize = chorus::size_of(o.type);
+  const std::vector<row_size> rows = sweep(o, c, n);
+  const std::size_t max_count = rows.back().count;
+
+  // Allocated once for the largest row and reused by every row (see DESIGN.md: never allocate
+  // per operation, and never measure page faults).
+  const std::size_t in_elems = c == collective::reduce_scatter ? max_count * nn : max_count;
+  const std::size_t out_elems = c == collective::all_gather ? max_count * nn : max_count;
+  buffer in(in_elems * esize);
+  buffer out(out_elems * esize);
+
+  const pattern pat = make_pattern(c, o.type, o.op, n);
+  // Values depend only on the global index, so the input of every row is a prefix of this one
+  // and is written once; the operations never write their input.
+  perf::visit(o.type, [&]<class T>(std::type_identity<T>) {
+    perf::fill(in.as<T>(), in_elems, pat, rank, 0);
+  });
+  std::vector<double> want;  // all_reduce, reduce_scatter: expected value per index mod period
+  std::vector<std::vector<double>> gathered;  // all_gather: each rank's values per index mod period
+  if (c == collective::all_gather) {
+    gathered.resize(nn);
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t p = 0; p < pat.period(); ++p) {
+        gathered[static_cast<std::size_t>(r)].push_back(pat.value(r, p));
+      }
+    }
+  } else {
+    for (std::size_t p = 0; p < pat.period(); ++p) want.push_back(perf::expected(pat, o.op, p));
+  }
+
+  const chorus::all_reduce_options ar{.op = o.op, .algorithm = a};
+  const chorus::reduce_scatter_options rs{.op = o.op, .algorithm = a};
+  const chorus::all_gather_options ag{.algorithm = a};
+  auto operation = [&](std::size_t count) {
+    switch (c) {
+      case collective::all_reduce: comm.all_reduce(in.data(), out.data(), count, o.type, ar); break;
+      case collective::reduce_scatter:
+        comm.reduce_scatter(in.data(), out.data(), count, o.type, rs);
+        break;
+      case collective::all_gather: comm.all_gather(in.data(), out.data(), count, o.type, ag); break;
+    }
+  };
+
+  const double bus_factor =
+      c == collective::all_reduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+  const std::string type(chorus::to_string(o.type));
+  const std::string op(c == collective::all_gather ? "none" : chorus::to_string(o.op));
+  if (rank == 0) {
+    std::printf("# chorus %s_perf: nranks %d, %s\n", std::string(to_string(c)).c_str(), n,
+                comm.describe().c_str());
+    std::printf("# algo %s, minbytes %zu, maxbytes %zu, factor %g, iters %d, warmup %d, check %d\n",
+                std::string(algo_name(a)).c_str(), o.min_bytes, o.max_bytes, o.factor, o.iters,
+                o.warmup, o.check ? 1 : 0);
+    std::printf("#\n");
+    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s\n", "size", "count", "type", "redop",
+                "time", "algbw", "busbw", "#wrong");
+    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s\n", "(B)", "(elements)", "", "", "(us)",
+                "(GB/s)", "(GB/s)");
+    std::fflush(stdout);
+  }
+
+  std::vector<result> results;
+  std::uint64_t total_wrong = 0;
+  auto last_progress = clock::now();
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const row_size& row = rows[k];
+    const auto row_start = clock::now();
+    comm.barrier();
+    for (int i = 0; i < o.warmup; ++i) operation(row.count);
+    comm.barrier();
+    const auto t0 = clock::now();
+    for (int i = 0; i < o.iters; ++i) operation(row.count);
+    const auto t1 = clock::now();
+    // A collective is done when its slowest rank is: report the maximum over ranks.
+    double time_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
+    comm.all_reduce(std::span<double>(&time_us, 1), {.op = chorus::max});
+
+    std::uint64_t wrong = 0;
+    if (o.check) {
+      const std::size_t out_count = c == collective::all_gather ? row.count * nn : row.count;
+      // All bits set: NaN for floating types, -1 or the maximum for integers; no expected value
+      // is one of these, so an element the operation never wrote is counted.
+      std::memset(out.data(), 0xff, out_count * esize);
+      operation(row.count);
+      perf::visit(o.type, [&]<class T>(std::type_identity<T>) {
+        const T* data = out.as<T>();
+        switch (c) {
+          case collective::all_reduce: wrong = perf::count_wrong(data, row.count, want, 0); break;
+          case collective::reduce_scatter:
+            // This rank holds the reduced chunk `rank` of the gathered buffer.
+            wrong = perf::count_wrong(data, row.count, want,
+                                      static_cast<std::size_t>(rank) * row.count);
+            break;
+          case collective::all_gather:
+            for (std::size_t r = 0; r < nn; ++r) {
+              wrong += perf::count_wrong(data + r * row.count, row.count, gathered[r], 0);
+            }
+            break;
+        }
+      });
+      comm.all_reduce(std::span<std::uint64_t>(&wrong, 1));  // sum over ranks
+      total_wrong += wrong;
+    }
+
+    const double algbw = static_cast<double>(row.bytes) / time_us / 1e3;  // bytes/us -> GB/s
+    const result res{row.bytes, row.count, time_us, algbw, algbw * bus_factor, wrong};
+    results.push_back(res);
+    if (rank == 0) {
+      const std::string wrong_text = o.check ? std::to_string(wrong) : std::string("N/A");
+      std::printf("  %11zu  %12zu  %8s  %6s  %10.2f  %8.2f  %8.2f  %7s\n", res.bytes, res.count,
+                  type.c_str(), op.c_str(), res.time_us, res.algbw, res.busbw, wrong_text.c_str());
+      std::fflush(stdout);
+      const auto now = clock::now();
+      const double row_s = std::chrono::duration<double>(now - row_start).count();
+      if (k + 1 < rows.size() &&
+          (row_s > 1.0 || now - last_progress > std::chrono::seconds(10))) {
+        std::fprintf(stderr, "# [%zu/%zu sizes] %zu bytes took %.1f s\n", k + 1, rows.size(),
+                     res.bytes, row_s);
+        last_progress = now;
+      }
+    }
+  }
+
+  if (rank == 0) {
+    double sum_busbw = 0;
+    for (const result& r : results) sum_busbw += r.busbw;
+    const std::string verdict = !o.check          ? std::string("not checked (-c 0)")
+                                : total_wrong == 0 ? std::string("0 OK")
+                                                   : std::to_string(total_wrong) + " FAILED";
+    std::printf("# wrong elements: %s\n", verdict.c_str());
+    std::printf("# avg busbw: %.3f GB/s\n", sum_busbw / static_cast<double>(results.size()));
+    std::fflush(stdout);
+    if (!o.json.empty()) write_json(o.json, results, c, o, n, a);
+  }
+  return total_wrong == 0 ? 0 : 1;
+}
+
+/// main() of a perf binary: `return perf::run(perf::collective::all_reduce, argc, argv);`
+inline int run(collective c, int argc, char** argv) {
+  const bool speaks = launcher_rank() == 0;  // only one process prints usage messages
+  options o;
+  std::string transport;
+  chorus::algo a = chorus::algo::automatic;
+  try {
+    o = parse_args(c, argc, argv);
+    if (o.help) {
+      if (speaks) print_help(c, stdout);
+      return 0;
+    }
+    transport = transport_from_env();
+    a = algo_from_env();
+  } catch (const usage_error& e) {
+    if (speaks) std::fprintf(stderr, "%s_perf: %s\n", std::string(to_string(c)).c_str(), e.what());
+    return 2;
+  }
+  try {
+    chorus::communicator comm = make_communicator(transport);
+    return run_sweep(c, o, comm, a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s_perf: %s\n", std::string(to_string(c)).c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace perf

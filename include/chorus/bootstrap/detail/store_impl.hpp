@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: Apache-2.0
+// Definitions behind chorus/bootstrap/store.hpp: the client side of the rendezvous store.
+#pragma once
+
+#include <chorus/bootstrap/store.hpp>
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <chorus/bootstrap/detail/socket.hpp>
+#include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/bootstrap/detail/store_server.hpp>
+#include <chorus/error.hpp>
+
+namespace chorus {
+namespace detail {
+
+/// "2 s", "1.5 s", "0.25 s": a duration as people read it in an error message.
+inline std::string store_seconds_text(std::chrono::milliseconds d) {
+  auto ms = d.count();
+  std::string text = std::to_string(ms / 1000);
+  if (auto frac = ms % 1000; frac != 0) {
+    std::string digits = std::to_string(1000 + frac).substr(1);  // zero-padded to 3
+    while (digits.back() == '0') digits.pop_back();
+    text += "." + digits;
+  }
+  return text + " s";
+}
+
+/// "rank 2" or "ranks 2, 3".
+inline std::string store_ranks_text(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+/// A key as quoted in a message, shortened so that a 4 KiB key does not swamp it.
+inline std::string store_key_text(std::string_view key) {
+  constexpr std::size_t shown = 80;
+  return "'" + std::string(key.substr(0, shown)) + (key.size() > shown ? "...'" : "'");
+}
+
+inline void store_check_key(std::string_view key, std::string_view call) {
+  if (key.empty()) {
+    throw error(errc::invalid_argument, "store " + std::string(call) + ": the key is empty", {},
+                std::nullopt, std::string(call));
+  }
+  if (key.size() > max_store_key) {
+    throw error(errc::invalid_argument,
+                "store " + std::string(call) + ": key " + store_key_text(key) + " is " +
+                    std::to_string(key.size()) + " bytes, over the 4096-byte limit",
+                {}, std::nullopt, std::string(call));
+  }
+}
+
+inline void store_check_value(std::string_view key, std::size_t size, std::string_view call) {
+  if (size > max_store_value) {
+    throw error(errc::invalid_argument,
+                "store " + std::string(call) + ": the value for key " + store_key_text(key) + " is " +
+                    std::to_string(size) + " bytes, over the 64 MiB limit",
+                {}, std::nullopt, std::string(call));
+  }
+}
+
+inline std::int64_t store_ms_until(store_clock::time_point deadline) {
+  auto left = deadline - store_clock::now();
+  if (left <= store_clock::duration::zero()) return 0;
+  return std::chrono::ceil<std::chrono::milliseconds>(left).count();
+}
+
+struct store_reply {
+  store_frame_header header;
+  std::vector<std::byte> value;
+};
+
+// How long a client waits for a reply beyond the wait it asked the server for. The server
+// answers a wait's end itself (so the client learns the missing keys); this margin only
+// catches a server that has frozen.
+inline constexpr std::chrono::seconds store_reply_margin{2};
+
+}  // namespace detail
+
+struct tcp_store::state {
+  launch_info info;
+  store_options options;
+  std::string address;  // "host:port" as every message names it
+  detail::store_fd fd;
+  std::unique_ptr<detail::store_server> server;  // rank 0 only
+  std::unordered_map<std::string, std::uint64_t> rounds;  // all_gather/barrier calls per key
+  bool broken = false;
+
+  // The client closes first, so the server's linger counts only the other ranks.
+  ~state() {
+    fd.reset();
+    if (server) server->shutdown(options.linger);
+  }
+
+  [[noreturn]] void fail(errc code, std::string message, std::string_view call,
+                         std::vector<int> ranks = {}) {
+    throw error(code, std::move(message), std::move(ranks), std::nullopt, std::string(call));
+  }
+
+  void check_io(detail::store_io_result r, std::string_view what) {
+    using detail::store_io_status;
+    if (r.status == store_io_status::ok) return;
+    broken = true;
+    fd.reset();
+    std::string errno_part = r.error != 0 ? ": " + detail::store_errno_text(r.error) : "";
+    switch (r.status) {
+      case store_io_status::closed:
+        fail(errc::connection_lost,
+             "lost the connection to the rendezvous store at " + address + " during " +
+                 std::string(what) + errno_part +
+                 " (rank 0, which hosts the store, exited or failed)",
+             what, {0});
+      case store_io_status::timed_out:
+        fail(errc::timeout,
+             "the rendezvous store at " + address + " did not answer " + std::string(what) +
+                 " in time; the store is unusable now",
+             what, {0});
+      default:
+        fail(errc::system,
+             "talking to the rendezvous store at " + address + " during " + std::string(what) +
+                 " failed" + errno_part,
+             what);
+    }
+  }
+
+  [[noreturn]] void protocol_failure(std::string_view what, const std::string& why) {
+    broken = true;
+    fd.reset();
+    fail(errc::protocol,
+         "the rendezvous store at " + address + " sent a bad reply to " + std::string(what) +
+             ": " + why,
+         what, {0});
+  }
+
+  // One request/reply round trip. `reply_deadline` bounds the wait for the reply;
+  // `max_reply` bounds the reply's value length before it is allocated.
+  detail::store_reply call(detail::store_op op, std::string_view key,
+                           std::span<const std::byte> value, std::int64_t arg,
+                           detail::store_clock::time_point reply_deadline, std::size_t max_reply,
+                           std::string_view what) {
+    using namespace detail;
+    if (broken) {
+      fail(errc::connection_lost,
+           "the connection to the rendezvous store at " + address +
+               " failed earlier; this store can no longer be used",
+           what, {0});
+    }
+    store_frame_header h;
+    h.op = static_cast<std::uint8_t>(op);
+    h.key_len = static_cast<std::uint32_t>(key.size());
+    h.value_len = value.size();
+    h.arg = arg;
+    auto head = store_encode_header(h);
+    // iovec wants non-const pointers; sendmsg only reads through them.
+    std::vector<iovec> parts{
+        {head.data(), head.size()},
+        {const_cast<char*>(key.data()), key.size()},
+        {const_cast<std::byte*>(value.data()), value.size()},
+    };
+    check_io(store_send_all(fd.get(), std::move(parts), store_clock::now() + options.timeout), what);
+
+    std::array<std::byte, store_header_bytes> reply_head{};
+    check_io(store_recv_exact(fd.get(), reply_head.data(), reply_head.size(), reply_deadline), what);
+    store_reply r;
+    r.header = store_decode_header(reply_head.data());
+    if (r.header.op != h.op || r.header.status > static_cast<std::uint8_t>(store_status::error) ||
+        r.header.reserved != 0 || r.header.key_len != 0) {
+      protocol_failure(what, "malformed header");
+    }
+    std::size_t limit = r.header.status == static_cast<std::uint8_t>(store_status::error)
+                            ? max_store_error_text
+                            : max_reply;
+    if (r.header.value_len > limit) {
+      protocol_failure(what, "a value of " + std::to_string(r.header.value_len) +
+                                 " bytes, over the " + std::to_string(limit) + "-byte limit");
+    }
+    r.value.resize(static_cast<std::size_t>(r.header.value_len));
+    check_io(store_recv_exact(fd.get(), r.value.data(), r.value.size(), reply_deadline), what);
+    return r;
+  }
+
+  void throw_reply_error(const detail::store_reply& r, std::string_view what) {
+    auto code = static_cast<std::uint64_t>(r.header.arg) <= static_cast<std::uint64_t>(errc::aborted)
+                    ? static_cast<errc>(r.header.arg)
+                    : errc::remote_error;
+    std::string text(reinterpret_cast<const char*>(r.value.data()), r.value.size());
+    fail(code, "the rendezvous store at " + address + " refused " + std::string(what) + ": " + text,
+         what);
+  }
+
+  // Waits for every key; returns their values, or the indices of the keys still missing
+  // when the deadline passed.
+  std::vector<std::vector<std::byte>> get_many(const std::vector<std::string>& keys,
+                                               detail::store_clock::time_point deadline,
+                                               std::string_view what,
+                                               std::vector<int>& missing) {
+    using namespace detail;
+    auto list = store_encode_keys(keys);
+    std::size_t max_reply = keys.size() * (8 + max_store_value);
+    auto r = call(store_op::get_many, {}, list, store_ms_until(deadline), deadline + store_reply_margin,
+                  max_reply, what);
+    std::vector<std::vector<std::byte>> values;
+    auto status = static_cast<store_status>(r.header.status);
+    if (status == store_status::error) throw_reply_error(r, what);
+    std::span<const std::byte> in = r.value;
+    if (status == store_status::timeout) {
+      if (in.size() < 4) protocol_failure(what, "truncated list of missing keys");
+      std::uint64_t m = store_get_le(in.data(), 4);
+      if (m == 0 || m > keys.size() || in.size() != 4 + 4 * m) {
+        protocol_failure(what, "malformed list of missing keys");
+      }
+      for (std::size_t i = 0; i < m; ++i) {
+        std::uint64_t index = store_get_le(in.data() + 4 + 4 * i, 4);
+        if (index >= keys.size()) protocol_failure(what, "missing-key index out of range");
+        missing.push_back(static_cast<int>(index));
+      }
+      return values;
+    }
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (in.size() - at < 8) protocol_failure(what, "truncated value list");
+      std::uint64_t len = store_get_le(in.data() + at, 8);
+      at += 8;
+      if (len > in.size() - at) protocol_failure(what, "value length past the end of the reply");
+      auto first = in.begin() + static_cast<std::ptrdiff_t>(at);
+      values.emplace_back(first, first + static_cast<std::ptrdiff_t>(len));
+      at += static_cast<std::size_t>(len);
+    }
+    if (at != in.size()) protocol_failure(what, "trailing bytes after the value list");
+    return values;
+  }
+
+  // all_gather and barrier: every rank sets its key of this round, then waits for all.
+  std::vector<std::vector<std::byte>> gather(std::string_view kind, std::string_view key,
+                                             std::span<const std::byte> mine) {
+    using namespace detail;
+    std::string what = std::string(kind) + " " + store_key_text(key);
+    store_check_key(key, kind);
+    store_check_value(key, mine.size(), kind);
+    auto deadline = store_clock::now() + options.timeout;
+    std::uint64_t round = rounds[std::string(kind) + "/" + std::string(key)]++;
+    // The user's key goes last: round and rank are digits, so no two calls share a key even
+    // when user keys contain '/'.
+    std::string prefix = "__chorus/" + std::string(kind) + "/" + std::to_string(round) + "/";
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<std::size_t>(info.size));
+    for (int r = 0; r < info.size; ++r) {
+      keys.push_back(prefix + std::to_string(r) + "/" + std::string(key));
+    }
+    if (keys.back().size() > max_store_key) {
+      fail(errc::invalid_argument,
+           "store " + std::string(kind) + ": key " + store_key_text(key) +
+               " is too long once the store's round and rank prefix is added (limit 4096 bytes)",
+           kind);
+    }
+    auto& my_key = keys[static_cast<std::size_t>(info.rank)];
+    auto r = call(store_op::set, my_key, mine, 0, store_clock::now() + options.timeout, 0, what);
+    if (r.header.status != 0) throw_reply_error(r, what);
+    std::vector<int> missing;
+    auto values = get_many(keys, deadline, what, missing);
+    if (!missing.empty()) {
+      fail(errc::timeout,
+           what + " at " + address + " timed out after " + store_seconds_text(options.timeout) + ": " +
+               store_ranks_text(missing) + " never arrived",
+           kind, missing);
+    }
+    return values;
+  }
+
+  detail::store_fd connect_with_retry(detail::store_clock::time_point deadline) {
+    using namespace detail;
+    std::string reason = "no attempt finished";
+    auto backoff = std::chrono::milliseconds(10);
+    for (;;) {
+      auto addresses = store_resolve(info.master_addr, info.master_port, reason);
+      for (const auto& a : addresses) {
+        int err = 0;
+        // A bounded attempt, so that one black-holed address does not eat the whole deadline.
+        auto attempt_deadline = std::min(deadline, store_clock::now() + std::chrono::seconds(5));
+        store_fd socket = store_connect_tcp(a, attempt_deadline, err);
+        if (socket) return socket;
+        reason = a.text + ": " + store_errno_text(err);
+      }
+      // Refused, unreachable or not resolvable yet: rank 0 may simply not have started.
+      auto now = store_clock::now();
+      if (now >= deadline) break;
+      std::this_thread::sleep_for(std::min<store_clock::duration>(backoff, deadline - now));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
+    }
+    fail(errc::bootstrap,
+         "rank " + std::to_string(info.rank) + " of " + std::to_string(info.size) +
+             " could not reach the rendezvous store at " + address + " within " +
+             store_seconds_text(options.timeout) + ": " + reason,
+         "connect", {0});
+  }
+};
+
+inline tcp_store tcp_store::connect(const launch_info& info, store_options options) {
+  using namespace detail;
+  if (info.size < 1 || info.rank < 0 || info.rank >= info.size) {
+    throw error(errc::invalid_argument,
+                "tcp_store::connect: rank " + std::to_string(info.rank) + " is not in [0, " +
+                    std::to_string(info.size) + ")",
+                {}, std::nullopt, "connect");
+  }
+  if (options.timeout <= std::chrono::milliseconds::zero() ||
+      options.linger < std::chrono::milliseconds::zero()) {
+    throw error(errc::invalid_argument,
+                "tcp_store::connect: store_options.timeout must be positive and linger "
+                "non-negative",
+                {}, std::nullopt, "connect");
+  }
+  auto deadline = store_clock::now() + options.timeout;
+  auto s = std::make_unique<state>();
+  s->info = info;
+  s->options = options;
+  s->address = store_host_port(info.master_addr, info.master_port);
+  if (info.rank == 0) {
+    s->server = std::make_unique<store_server>(
+        info.master_addr, info.size == 1 ? std::uint16_t{0} : info.master_port, info.size,
+        options.timeout);
+    s->info.master_port = s->server->port();
+    s->address = s->server->address();
+    s->server->start();
+  }
+  s->fd = s->connect_with_retry(deadline);
+
+  // Authentication goes here: answer the server's challenge and check its proof (mutual
+  // HMAC-SHA256 over the job secret, DESIGN.md "Security model") before sending hello.
+
+  std::array<std::byte, store_hello_bytes> hello{};
+  store_put_le(hello.data(), store_magic, 4);
+  store_put_le(hello.data() + 4, store_version, 4);
+  store_put_le(hello.data() + 8, static_cast<std::uint32_t>(info.rank), 4);
+  store_put_le(hello.data() + 12, static_cast<std::uint32_t>(info.size), 4);
+  auto r = s->call(store_op::hello, {}, hello, 0, deadline + store_reply_margin, 0, "hello");
+  if (r.header.status != 0) {
+    std::string text(reinterpret_cast<const char*>(r.value.data()), r.value.size());
+    throw error(errc::bootstrap,
+                "the rendezvous store at " + s->address + " refused rank " +
+                    std::to_string(info.rank) + ": " + text,
+                {info.rank}, std::nullopt, "connect");
+  }
+
+  // The rendezvous: wait until every rank has said hello.
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < info.size; ++rank) keys.push_back(store_hello_key(rank));
+  std::vector<int> missing;
+  s->get_many(keys, deadline, "rendezvous", missing);
+  if (!missing.empty()) {
+    throw error(errc::timeout,
+                "rendezvous at " + s->address + " timed out after " +
+                    store_seconds_text(options.timeout) + ": " + store_ranks_text(missing) + " never arrived",
+                missing, std::nullopt, "connect");
+  }
+  return tcp_store(std::move(s));
+}
+
+inline void tcp_store::set(std::string_view key, std::span<const std::byte> value) {
+  detail::store_check_key(key, "set");
+  detail::store_check_value(key, value.size(), "set");
+  auto what = "set " + detail::store_key_text(key);
+  auto r = state_->call(detail::store_op::set, key, value, 0,
+                        detail::store_clock::now() + state_->options.timeout, 0, what);
+  if (r.header.status != 0) state_->throw_reply_error(r, what);
+}
+
+inline std::vector<std::byte> tcp_store::get(std::string_view key) {
+  using namespace detail;
+  store_check_key(key, "get");
+  auto what = "get " + store_key_text(key);
+  auto deadline = store_clock::now() + state_->options.timeout;
+  auto r = state_->call(store_op::get, key, {}, store_ms_until(deadline), deadline + store_reply_margin,
+                        max_store_value, what);
+  auto status = static_cast<store_status>(r.header.status);
+  if (status == store_status::timeout) {
+    state_->fail(errc::timeout,
+                 what + " at " + state_->address + " timed out after " +
+                     store_seconds_text(state_->options.timeout) + ": no rank set the key",
+                 "get");
+  }
+  if (status == store_status::error) state_->throw_reply_error(r, what);
+  return std::move(r.value);
+}
+
+inline std::int64_t tcp_store::add(std::string_view key, std::int64_t delta) {
+  detail::store_check_key(key, "add");
+  auto what = "add " + detail::store_key_text(key);
+  auto r = state_->call(detail::store_op::add, key, {}, delta,
+                        detail::store_clock::now() + state_->options.timeout, 0, what);
+  if (r.header.status != 0) state_->throw_reply_error(r, what);
+  return r.header.arg;
+}
+
+inline std::vector<std::vector<std::byte>> tcp_store::all_gather(std::string_view key,
+                                                                 std::span<const std::byte> mine) {
+  return state_->gather("all_gather", key, mine);
+}
+
+inline void tcp_store::barrier(std::string_view key) { state_->gather("barrier", key, {}); }
+
+inline int tcp_store::rank() const noexcept { return state_->info.rank; }
+inline int tcp_store::size() const noexcept { return state_->info.size; }
+
+inline tcp_store::tcp_store(std::unique_ptr<state> s) noexcept : state_(std::move(s)) {}
+inline tcp_store::tcp_store(tcp_store&&) noexcept = default;
+inline tcp_store& tcp_store::operator=(tcp_store&&) noexcept = default;
+inline tcp_store::~tcp_store() = default;
+
+}  // namespace chorus

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+// The rendezvous store's wire format: length-prefixed binary frames and their limits.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace chorus::detail {
+
+// Every frame, request or reply, is a 24-byte header followed by key_len bytes of key and
+// value_len bytes of value. Integers are little-endian whatever the host, so that a mixed
+// cluster agrees.
+//
+//   offset 0  u8  op        store_op; a reply echoes its request's op
+//   offset 1  u8  status    store_status; 0 in requests
+//   offset 2  u16 reserved  0
+//   offset 4  u32 key_len   <= max_store_key (4 KiB)
+//   offset 8  u64 value_len <= max_store_value (64 MiB) in requests
+//   offset 16 i64 arg       op-specific: wait in ms (get, get_many), delta / result (add),
+//                           errc (error replies)
+//
+// Conversation: the client's first frame is hello {magic, version, rank, size} (value of 16
+// bytes); the server answers ok or error. Then strict request/reply, one at a time.
+//   set      key, value             -> ok
+//   get      key, arg = wait ms     -> ok + value | timeout
+//   add      key, arg = delta       -> ok, arg = new value | error (not a counter, overflow)
+//   get_many value = u32 n, n x (u32 len, key bytes), arg = wait ms
+//            -> ok + value = n x (u64 len, value bytes)
+//             | timeout + value = u32 m, m x u32 index of a key still missing
+inline constexpr std::size_t store_header_bytes = 24;
+inline constexpr std::size_t max_store_key = 4096;
+inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
+inline constexpr std::size_t max_store_error_text = 65536;
+inline constexpr std::uint32_t store_magic = 0x53524843;  // "CHRS" as little-endian bytes
+inline constexpr std::uint32_t store_version = 1;
+inline constexpr std::size_t store_hello_bytes = 16;
+// Longest a server-side wait may be asked to last; a larger request is clamped.
+inline constexpr std::int64_t max_store_wait_ms = std::int64_t{7} * 24 * 3600 * 1000;
+
+enum class store_op : std::uint8_t { hello = 1, set = 2, get = 3, add = 4, get_many = 5 };
+enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2 };
+
+inline const char* to_string(store_op op) noexcept {
+  switch (op) {
+    case store_op::hello: return "hello";
+    case store_op::set: return "set";
+    case store_op::get: return "get";
+    case store_op::add: return "add";
+    case store_op::get_many: return "get_many";
+  }
+  return "unknown";
+}
+
+struct store_frame_header {
+  std::uint8_t op = 0;
+  std::uint8_t status = 0;
+  std::uint16_t reserved = 0;
+  std::uint32_t key_len = 0;
+  std::uint64_t value_len = 0;
+  std::int64_t arg = 0;
+};
+
+inline void store_put_le(std::byte* out, std::uint64_t v, std::size_t bytes) noexcept {
+  for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+
+inline std::uint64_t store_get_le(const std::byte* in, std::size_t bytes) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < bytes; ++i) v |= std::uint64_t{std::to_integer<std::uint8_t>(in[i])} << (8 * i);
+  return v;
+}
+
+inline std::array<std::byte, store_header_bytes> store_encode_header(const store_frame_header& h) noexcept {
+  std::array<std::byte, store_header_bytes> out{};
+  store_put_le(out.data() + 0, h.op, 1);
+  store_put_le(out.data() + 1, h.status, 1);
+  store_put_le(out.data() + 2, h.reserved, 2);
+  store_put_le(out.data() + 4, h.key_len, 4);
+  store_put_le(out.data() + 8, h.value_len, 8);
+  store_put_le(out.data() + 16, static_cast<std::uint64_t>(h.arg), 8);
+  return out;
+}
+
+inline store_frame_header store_decode_header(const std::byte* in) noexcept {
+  store_frame_header h;
+  h.op = static_cast<std::uint8_t>(store_get_le(in + 0, 1));
+  h.status = static_cast<std::uint8_t>(store_get_le(in + 1, 1));
+  h.reserved = static_cast<std::uint16_t>(store_get_le(in + 2, 2));
+  h.key_len = static_cast<std::uint32_t>(store_get_le(in + 4, 4));
+  h.value_len = store_get_le(in + 8, 8);
+  h.arg = static_cast<std::int64_t>(store_get_le(in + 16, 8));
+  return h;
+}
+
+/// Why a request header is unacceptable, or nullopt when it is fine. Checked before a byte of
+/// body is allocated, so a hostile length cannot make the server allocate.
+/// `said_hello`: before hello only a hello frame of exactly 16 bytes is accepted.
+inline std::optional<std::string> store_check_request(const store_frame_header& h, bool said_hello) {
+  auto op = static_cast<store_op>(h.op);
+  if (!said_hello) {
+    if (op != store_op::hello) return "the first frame (op " + std::to_string(h.op) + ") is not hello";
+    if (h.key_len != 0 || h.value_len != store_hello_bytes) return "malformed hello";
+  }
+  if (h.status != 0 || h.reserved != 0) return "nonzero status or reserved bits in a request";
+  if (!said_hello) return std::nullopt;
+  auto key_ok = [&] { return h.key_len >= 1 && h.key_len <= max_store_key; };
+  switch (op) {
+    case store_op::hello:
+      return "hello sent twice";
+    case store_op::set:
+      if (!key_ok()) return "key of " + std::to_string(h.key_len) + " bytes (limit 4096)";
+      if (h.value_len > max_store_value) {
+        return "value of " + std::to_string(h.value_len) + " bytes (limit 64 MiB)";
+      }
+      return std::nullopt;
+    case store_op::get:
+    case store_op::add:
+      if (!key_ok()) return "key of " + std::to_string(h.key_len) + " bytes (limit 4096)";
+      if (h.value_len != 0) return std::string(to_string(op)) + " with a value";
+      return std::nullopt;
+    case store_op::get_many:
+      if (h.key_len != 0) return "get_many with a key";
+      if (h.value_len < 4 || h.value_len > max_store_value) {
+        return "get_many list of " + std::to_string(h.value_len) + " bytes";
+      }
+      return std::nullopt;
+  }
+  return "unknown op " + std::to_string(h.op);
+}
+
+/// Encodes a list of keys for get_many.
+inline std::vector<std::byte> store_encode_keys(std::span<const std::string> keys) {
+  std::size_t total = 4;
+  for (const auto& k : keys) total += 4 + k.size();
+  std::vector<std::byte> out(total);
+  std::byte* p = out.data();
+  store_put_le(p, keys.size(), 4);
+  p += 4;
+  for (const auto& k : keys) {
+    store_put_le(p, k.size(), 4);
+    p += 4;
+    for (char c : k) *p++ = static_cast<std::byte>(c);
+  }
+  return out;
+}
+
+/// Decodes a get_many key list; nullopt unless every length is in bounds and the list fills
+/// the buffer exactly.
+inline std::optional<std::vector<std::string>> store_decode_keys(std::span<const std::byte> in) {
+  if (in.size() < 4) return std::nullopt;
+  std::uint64_t n = store_get_le(in.data(), 4);
+  std::size_t at = 4;
+  // Each key takes at least 5 bytes, so a count larger than that allows is a lie.
+  if (n == 0 || n > (in.size() - 4) / 5) return std::nullopt;
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(n));
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (in.size() - at < 4) return std::nullopt;
+    auto len = static_cast<std::size_t>(store_get_le(in.data() + at, 4));
+    at += 4;
+    if (len == 0 || len > max_store_key || in.size() - at < len) return std::nullopt;
+    keys.emplace_back(reinterpret_cast<const char*>(in.data() + at), len);
+    at += len;
+  }
+  if (at != in.size()) return std::nullopt;
+  return keys;
+}
+
+}  // namespace chorus::detail

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+// The rendezvous store: a key-value store served by rank 0 over TCP, through which ranks meet.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <chorus/bootstrap/env.hpp>
+#include <chorus/error.hpp>
+
+namespace chorus {
+
+/// How the store waits. Every field has a visible default.
+struct store_options {
+  /// Deadline of each wait: the initial rendezvous (connecting included) and every get,
+  /// all_gather, barrier. > 0. Default 120 s, or CHORUS_BOOTSTRAP_TIMEOUT in seconds
+  /// (fractions allowed); a bad value throws errc::invalid_argument when options are made.
+  std::chrono::milliseconds timeout =
+      env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", std::chrono::seconds(120));
+  /// Rank 0 only: how long destroying its store keeps serving ranks still connected. >= 0.
+  /// Rank 0 often finishes first; without this a slower rank's final get would see
+  /// connection_lost. The server stops as soon as every rank has disconnected.
+  std::chrono::milliseconds linger = std::chrono::seconds(10);
+};
+
+/// A key-value store every rank of a job shares, hosted by rank 0. Used to exchange
+/// transport addresses and to agree before the transports exist.
+///
+/// Contract:
+///  1. connect() returns only when all `size` ranks have connected and said hello, so a
+///     returned store means the whole job is present. Rank 0 binds the listening socket
+///     before it connects, and other ranks retry refused connections until the deadline,
+///     because launchers start ranks in any order.
+///  2. Every wait ends by `options.timeout`. A timeout throws errc::timeout naming the store's
+///     address and, where ranks are waited for (connect, all_gather, barrier), exactly the
+///     ranks that never arrived, also in error::ranks():
+///     "chorus: rendezvous at 127.0.0.1:29512 timed out after 2 s: ranks 2, 3 never arrived".
+///     A master that cannot be reached is errc::bootstrap with the last errno's text.
+///  3. If rank 0 (the server) dies, every call on other ranks fails at once with
+///     errc::connection_lost: its sockets close with it, so nobody waits for a timeout.
+///  4. The server rejects a second connection claiming a connected rank, and a rank that
+///     disagrees on the world size (errc::bootstrap on that client), because either means two
+///     jobs or a misconfigured launcher, which would otherwise corrupt the rendezvous.
+///  5. Keys are 1..4096 bytes, values at most 64 MiB; larger ones throw errc::invalid_argument
+///     before anything is sent. Keys beginning with "__chorus/" are the store's own.
+///  6. all_gather and barrier may be called repeatedly with the same key: each call is a new
+///     round, provided every rank makes the same sequence of calls.
+///  7. Calls are synchronous and not thread-safe: one thread uses a store at a time. After a
+///     timeout or lost connection the store is unusable (connection_lost on every call).
+///  8. Destroying rank 0's store lingers (store_options::linger) until every connected rank
+///     has disconnected, so rank 0 may leave first.
+///
+/// **Example**:
+///   auto store = chorus::tcp_store::connect(chorus::launch_info_from_env());
+///   auto addrs = store.all_gather("tcp/addr", as_bytes(my_address));  // addrs[r]: rank r's
+///   store.barrier("ready");
+class tcp_store {
+ public:
+  /// Connects `info.rank` to the store at info.master_addr:info.master_port; rank 0 starts
+  /// the server first, on every address master_addr resolves to (which must be local to it).
+  /// With info.size == 1 rank 0 listens on an ephemeral port instead, so single-process runs
+  /// never collide on a port.
+  [[nodiscard]] static tcp_store connect(const launch_info& info, store_options options = {});
+
+  /// Stores `value` under `key`, replacing any earlier value.
+  void set(std::string_view key, std::span<const std::byte> value);
+  /// The value under `key`, waiting for some rank to set it.
+  std::vector<std::byte> get(std::string_view key);
+  /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
+  /// errc::invalid_argument when the key holds something other than a counter.
+  std::int64_t add(std::string_view key, std::int64_t delta);
+  /// Every rank passes its own `mine`; returns every rank's value, indexed by rank.
+  std::vector<std::vector<std::byte>> all_gather(std::string_view key,
+                                                 std::span<const std::byte> mine);
+  /// Returns once every rank has called barrier with `key`.
+  void barrier(std::string_view key);
+
+  int rank() const noexcept;
+  int size() const noexcept;
+
+  tcp_store(tcp_store&&) noexcept;
+  tcp_store& operator=(tcp_store&&) noexcept;
+  tcp_store(const tcp_store&) = delete;
+  tcp_store& operator=(const tcp_store&) = delete;
+  ~tcp_store();
+
+ private:
+  struct state;
+  explicit tcp_store(std::unique_ptr<state> s) noexcept;
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace chorus
+
+#include <chorus/bootstrap/detail/store_impl.hpp>

@@ -1,0 +1,615 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests for chorus/bootstrap/store.hpp: real ranks in forked processes meeting over loopback.
+#include <chorus/bootstrap/store.hpp>
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <chorus/bootstrap/detail/store_protocol.hpp>
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+// A port nobody listens on right now: bind port 0, read what the kernel chose, close.
+std::uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+chorus::launch_info rank_info(int rank, int size, std::uint16_t port) {
+  chorus::launch_info info;
+  info.rank = rank;
+  info.size = size;
+  info.master_addr = "127.0.0.1";
+  info.master_port = port;
+  info.launcher = "chorus";
+  return info;
+}
+
+std::vector<std::byte> bytes(std::string_view s) {
+  auto b = std::as_bytes(std::span(s.data(), s.size()));
+  return {b.begin(), b.end()};
+}
+
+std::string text(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+bool contains(std::string_view haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string_view::npos;
+}
+
+// In a child, where doctest's macros cannot report: print what failed and exit non-zero.
+#define CHILD_CHECK(cond)                                                                   \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::fprintf(stderr, "%s:%d: child check failed: %s\n", __FILE__, __LINE__, #cond); \
+      return 1;                                                                             \
+    }                                                                                       \
+  } while (0)
+
+// Runs the expected error `code` through a call; in a child, returns 1 unless it is thrown
+// and its message contains every one of `parts`.
+int expect_error(const std::function<void()>& call, chorus::errc code,
+                 std::initializer_list<std::string> parts) {
+  try {
+    call();
+  } catch (const chorus::error& e) {
+    bool ok = e.code() == code;
+    for (const auto& p : parts) ok = ok && contains(e.what(), p);
+    if (!ok) {
+      std::fprintf(stderr, "unexpected error (%s): %s\n", std::string(chorus::to_string(e.code())).c_str(),
+                   e.what());
+      return 1;
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "expected a %s error, got none\n", std::string(chorus::to_string(code)).c_str());
+  return 1;
+}
+
+struct child_outcome {
+  int rank = 0;
+  int status = 0;     // waitpid status
+  bool hung = false;  // still running at the bound, so killed by us
+};
+
+// Forks one child per entry of `ranks` and runs body(rank) in it; the child's exit code is
+// body's return (90 for an escaped chorus::error, 91 for anything else). Children still
+// running after `bound` are killed, so no test can hang.
+std::vector<child_outcome> run_ranks(const std::vector<int>& ranks,
+                                     const std::function<int(int)>& body,
+                                     std::chrono::milliseconds bound = 15s) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int rank : ranks) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 91;
+      try {
+        code = body(rank);
+      } catch (const chorus::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 90;
+      } catch (...) {
+      }
+      std::fflush(stderr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<child_outcome> out(ranks.size());
+  std::vector<bool> done(ranks.size(), false);
+  auto deadline = clock_type::now() + bound;
+  std::size_t remaining = ranks.size();
+  while (remaining > 0 && clock_type::now() < deadline) {
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      if (::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+        out[i] = {ranks[i], status, false};
+        done[i] = true;
+        --remaining;
+      }
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    if (done[i]) continue;
+    ::kill(pids[i], SIGKILL);
+    int status = 0;
+    ::waitpid(pids[i], &status, 0);
+    out[i] = {ranks[i], status, true};
+  }
+  return out;
+}
+
+std::vector<int> iota_ranks(int n) {
+  std::vector<int> r;
+  for (int i = 0; i < n; ++i) r.push_back(i);
+  return r;
+}
+
+void check_exited_cleanly(const child_outcome& c) {
+  INFO("rank ", c.rank);
+  CHECK_FALSE(c.hung);
+  CHECK(WIFEXITED(c.status));
+  CHECK(WEXITSTATUS(c.status) == 0);
+}
+
+// ---- raw protocol helpers for the garbage sender ----
+
+int raw_connect(std::uint16_t port, std::chrono::milliseconds patience) {
+  auto deadline = clock_type::now() + patience;
+  while (clock_type::now() < deadline) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
+void raw_send(int fd, std::span<const std::byte> data) {
+  // Errors are expected: the server may already have closed us.
+  (void)::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+}
+
+std::vector<std::byte> raw_header(std::uint8_t op, std::uint32_t key_len, std::uint64_t value_len) {
+  chorus::detail::store_frame_header h;
+  h.op = op;
+  h.key_len = key_len;
+  h.value_len = value_len;
+  auto a = chorus::detail::store_encode_header(h);
+  return {a.begin(), a.end()};
+}
+
+std::vector<std::byte> raw_hello(std::uint32_t magic, std::int32_t rank, std::int32_t size) {
+  auto frame = raw_header(1, 0, 16);
+  std::array<std::byte, 16> v{};
+  chorus::detail::store_put_le(v.data(), magic, 4);
+  chorus::detail::store_put_le(v.data() + 4, chorus::detail::store_version, 4);
+  chorus::detail::store_put_le(v.data() + 8, static_cast<std::uint32_t>(rank), 4);
+  chorus::detail::store_put_le(v.data() + 12, static_cast<std::uint32_t>(size), 4);
+  frame.insert(frame.end(), v.begin(), v.end());
+  return frame;
+}
+
+// The status byte of the server's reply, or -1 when none came within 2 s.
+int raw_reply_status(int fd) {
+  std::array<std::byte, chorus::detail::store_header_bytes> head{};
+  std::size_t have = 0;
+  auto deadline = clock_type::now() + 2s;
+  while (have < head.size() && clock_type::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = ::recv(fd, head.data() + have, head.size() - have, 0);
+    if (n <= 0) return -1;
+    have += static_cast<std::size_t>(n);
+  }
+  return have == head.size() ? static_cast<int>(chorus::detail::store_decode_header(head.data()).status) : -1;
+}
+
+// Sends every kind of malformed input the server must survive, over and over.
+int send_garbage(std::uint16_t port, int world_size) {
+  std::mt19937 rng(12345);
+  std::vector<int> held;  // connections left open mid-frame, closed at the end
+  for (int round = 0; round < 15; ++round) {
+    int fd = raw_connect(port, 5s);
+    CHILD_CHECK(fd >= 0);
+    std::vector<std::byte> noise(1 + rng() % 512);
+    for (auto& b : noise) b = static_cast<std::byte>(rng());
+    raw_send(fd, noise);
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    raw_send(fd, raw_header(2, 0xffffffffu, 0));  // a 4 GiB key before hello
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    raw_send(fd, raw_header(1, 0, std::uint64_t{1} << 40));  // a 1 TiB hello
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    raw_send(fd, raw_hello(0xdeadbeef, 1, world_size));  // not chorus
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    raw_send(fd, raw_hello(chorus::detail::store_magic, 7, world_size));  // no such rank
+    CHILD_CHECK(raw_reply_status(fd) == static_cast<int>(chorus::detail::store_status::error));
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    raw_send(fd, raw_hello(chorus::detail::store_magic, 1, world_size + 1));  // another job
+    CHILD_CHECK(raw_reply_status(fd) == static_cast<int>(chorus::detail::store_status::error));
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    raw_send(fd, bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+    ::close(fd);
+
+    fd = raw_connect(port, 1s);
+    auto half = raw_hello(chorus::detail::store_magic, 0, world_size);
+    half.resize(10);  // a frame that never finishes
+    raw_send(fd, half);
+    held.push_back(fd);
+    std::this_thread::sleep_for(10ms);
+  }
+  for (int fd : held) ::close(fd);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("every rank of 1, 3 and 5 sees the others' set, get, add, all_gather and barrier") {
+  for (int n : {1, 3, 5}) {
+    CAPTURE(n);
+    std::uint16_t port = free_port();
+    auto outcomes = run_ranks(iota_ranks(n), [&](int r) {
+      if (r == 0) std::this_thread::sleep_for(200ms);  // the master may start after the workers
+      auto store = chorus::tcp_store::connect(rank_info(r, n, port), {.timeout = 10s});
+      CHILD_CHECK(store.rank() == r);
+      CHILD_CHECK(store.size() == n);
+
+      store.set("key/" + std::to_string(r), bytes("value of " + std::to_string(r)));
+      store.barrier("after set");
+      for (int p = 0; p < n; ++p) {
+        CHILD_CHECK(text(store.get("key/" + std::to_string(p))) == "value of " + std::to_string(p));
+      }
+
+      store.add("counter", r + 1);
+      store.barrier("after add");
+      CHILD_CHECK(store.add("counter", 0) == n * (n + 1) / 2);
+
+      // Values of different lengths; the same key twice is two rounds.
+      for (char round : {'a', 'b'}) {
+        auto all = store.all_gather("ids", bytes(std::string(static_cast<std::size_t>(r + 1), round)));
+        CHILD_CHECK(all.size() == static_cast<std::size_t>(n));
+        for (int p = 0; p < n; ++p) {
+          CHILD_CHECK(text(all[static_cast<std::size_t>(p)]) ==
+                      std::string(static_cast<std::size_t>(p + 1), round));
+        }
+      }
+
+      // A get waits for a key that the last rank sets later.
+      if (r == n - 1) {
+        std::this_thread::sleep_for(200ms);
+        store.set("late", bytes("here"));
+      }
+      CHILD_CHECK(text(store.get("late")) == "here");
+      store.barrier("end");
+      return 0;
+    });
+    for (const auto& c : outcomes) check_exited_cleanly(c);
+  }
+}
+
+TEST_CASE("a rendezvous that ranks never reach names exactly those ranks") {
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks({0, 2}, [&](int r) {
+    return expect_error([&] { (void)chorus::tcp_store::connect(rank_info(r, 4, port), {.timeout = 1s}); },
+                        chorus::errc::timeout,
+                        {"rendezvous at 127.0.0.1:" + std::to_string(port) +
+                         " timed out after 1 s: ranks 1, 3 never arrived"});
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
+TEST_CASE("an all_gather or barrier that a rank skips names exactly that rank") {
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
+    auto store = chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 1s});
+    if (r == 2) return 0;  // present at the rendezvous, absent afterwards
+    std::string address = "127.0.0.1:" + std::to_string(port);
+    int failures = 0;
+    try {
+      store.all_gather("addr", bytes("x"));
+      failures += 1;
+    } catch (const chorus::error& e) {
+      std::string want = "all_gather 'addr' at " + address + " timed out after 1 s: rank 2 never arrived";
+      if (e.code() != chorus::errc::timeout || !contains(e.what(), want) || e.ranks() != std::vector<int>{2}) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        failures += 1;
+      }
+    }
+    failures += expect_error([&] { store.barrier("done"); }, chorus::errc::timeout,
+                             {"barrier 'done' at " + address + " timed out after 1 s: rank 2 never arrived"});
+    // A timeout the server reported leaves the store usable.
+    store.set("still", bytes("fine"));
+    CHILD_CHECK(text(store.get("still")) == "fine");
+    return failures;
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
+TEST_CASE("an unreachable master is a bootstrap error naming its address and the reason") {
+  std::uint16_t port = free_port();
+  try {
+    (void)chorus::tcp_store::connect(rank_info(1, 2, port), {.timeout = 300ms});
+    FAIL("connected to nothing");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::bootstrap);
+    CHECK(contains(e.what(), "rank 1 of 2 could not reach the rendezvous store at 127.0.0.1:" +
+                                 std::to_string(port) + " within 0.3 s"));
+    CHECK(contains(e.what(), "Connection refused"));
+  }
+}
+
+TEST_CASE("rank 0 refuses to host the store on an address that is not its own") {
+  auto info = rank_info(0, 2, free_port());
+  info.master_addr = "192.0.2.1";  // TEST-NET-1: never a local address
+  try {
+    (void)chorus::tcp_store::connect(info, {.timeout = 300ms});
+    FAIL("hosted on a foreign address");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::bootstrap);
+    CHECK(contains(e.what(), "192.0.2.1"));
+    CHECK(contains(e.what(), "is not an address of this machine"));
+  }
+}
+
+TEST_CASE("rank 0 cannot host the store on a port another process listens on") {
+  std::uint16_t port = free_port();
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  try {
+    (void)chorus::tcp_store::connect(rank_info(0, 2, port), {.timeout = 300ms});
+    FAIL("hosted on a busy port");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::bootstrap);
+    CHECK(contains(e.what(), "127.0.0.1:" + std::to_string(port)));
+    CHECK(contains(e.what(), "Address already in use"));
+  }
+  ::close(fd);
+}
+
+TEST_CASE("when rank 0 is killed the other ranks fail with connection_lost at once") {
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
+    auto store = chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 10s});
+    store.barrier("up");
+    if (r == 0) {
+      // Die only once the others are past the barrier: dying with their requests unread
+      // would reset the connections and could discard the barrier's replies.
+      while (store.add("past barrier", 0) < 2) std::this_thread::sleep_for(5ms);
+      ::raise(SIGKILL);
+    }
+    store.add("past barrier", 1);
+    auto start = clock_type::now();
+    int failed = expect_error([&] { store.get("never set"); }, chorus::errc::connection_lost,
+                              {"127.0.0.1:" + std::to_string(port)});
+    CHILD_CHECK(clock_type::now() - start < 3s);  // not the 10 s timeout
+    failed += expect_error([&] { store.set("after", bytes("x")); }, chorus::errc::connection_lost, {});
+    return failed;
+  });
+  CHECK(WIFSIGNALED(outcomes[0].status));
+  CHECK(WTERMSIG(outcomes[0].status) == SIGKILL);
+  check_exited_cleanly(outcomes[1]);
+  check_exited_cleanly(outcomes[2]);
+}
+
+TEST_CASE("garbage sent to the store's port does not disturb a concurrent rendezvous") {
+  std::uint16_t port = free_port();
+  constexpr int garbage = -1;
+  auto outcomes = run_ranks({garbage, 0, 1, 2}, [&](int r) {
+    if (r == garbage) return send_garbage(port, 3);
+    auto store = chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 10s});
+    for (int round = 0; round < 100; ++round) {
+      auto all = store.all_gather("round", bytes(std::to_string(r * round)));
+      for (int p = 0; p < 3; ++p) {
+        CHILD_CHECK(text(all[static_cast<std::size_t>(p)]) == std::to_string(p * round));
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    store.barrier("end");
+    return 0;
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
+TEST_CASE("the store refuses a second process for a connected rank and a different world size") {
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(2), [&](int r) {
+    auto store = chorus::tcp_store::connect(rank_info(r, 2, port), {.timeout = 10s});
+    store.barrier("up");
+    int failed = 0;
+    if (r == 1) {
+      failed += expect_error([&] { (void)chorus::tcp_store::connect(rank_info(1, 2, port), {.timeout = 2s}); },
+                             chorus::errc::bootstrap, {"rank 1 is already connected"});
+      failed += expect_error([&] { (void)chorus::tcp_store::connect(rank_info(1, 3, port), {.timeout = 2s}); },
+                             chorus::errc::bootstrap,
+                             {"rank 1 says the world size is 3 but the store at 127.0.0.1:" +
+                              std::to_string(port) + " serves 2 ranks"});
+    }
+    store.barrier("done");
+    return failed;
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
+TEST_CASE("rank 0 may leave first: its store keeps serving a slower rank's final get") {
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(2), [&](int r) {
+    auto store = chorus::tcp_store::connect(rank_info(r, 2, port), {.timeout = 10s});
+    if (r == 0) {
+      store.set("final", bytes("bye"));
+      return 0;  // the store is destroyed here, before rank 1 asks
+    }
+    std::this_thread::sleep_for(300ms);
+    CHILD_CHECK(text(store.get("final")) == "bye");
+    return 0;
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
+TEST_CASE("a single process's store works alone on an ephemeral port") {
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 300ms});
+  store.set("k", bytes("v"));
+  CHECK(text(store.get("k")) == "v");
+  CHECK(store.add("n", 5) == 5);
+  CHECK(store.add("n", -7) == -2);
+  auto all = store.all_gather("g", bytes("mine"));
+  REQUIRE(all.size() == 1);
+  CHECK(text(all[0]) == "mine");
+  store.barrier("b");
+  // An empty value is a value.
+  store.set("empty", {});
+  CHECK(store.get("empty").empty());
+}
+
+TEST_CASE("a get of a key nobody sets times out naming the key and the store's address") {
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 300ms});
+  auto start = clock_type::now();
+  try {
+    store.get("nope");
+    FAIL("got a key nobody set");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::timeout);
+    CHECK(contains(e.what(), "get 'nope' at 127.0.0.1:"));
+    CHECK(contains(e.what(), "timed out after 0.3 s: no rank set the key"));
+  }
+  CHECK(clock_type::now() - start < 2s);
+  store.set("after", bytes("ok"));
+  CHECK(text(store.get("after")) == "ok");
+}
+
+TEST_CASE("keys and values over the limits, and adds on non-counters, are invalid arguments") {
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 1s});
+  std::string long_key(4097, 'k');
+  CHECK_THROWS_WITH_AS(store.set("", bytes("v")), "chorus: store set: the key is empty", chorus::error);
+  try {
+    store.get(long_key);
+    FAIL("accepted a 4097-byte key");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::invalid_argument);
+    CHECK(contains(e.what(), "is 4097 bytes, over the 4096-byte limit"));
+  }
+  std::size_t too_big = chorus::detail::max_store_value + 1;
+  std::unique_ptr<std::byte[]> big(new std::byte[too_big]);  // never touched: the check comes first
+  try {
+    store.set("big", std::span<const std::byte>(big.get(), too_big));
+    FAIL("accepted a value over 64 MiB");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::invalid_argument);
+    CHECK(contains(e.what(), "over the 64 MiB limit"));
+  }
+  store.set("word", bytes("abc"));
+  try {
+    store.add("word", 1);
+    FAIL("added to a non-counter");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::invalid_argument);
+    CHECK(contains(e.what(), "holds a 3-byte value, not a counter"));
+  }
+  // The store is still usable after refusals.
+  CHECK(store.add("fresh", 2) == 2);
+}
+
+TEST_CASE("a connect with a rank outside the world is an invalid argument") {
+  CHECK_THROWS_AS((void)chorus::tcp_store::connect(rank_info(2, 2, 1)), chorus::error);
+  CHECK_THROWS_AS((void)chorus::tcp_store::connect(rank_info(-1, 2, 1)), chorus::error);
+}
+
+TEST_CASE("CHORUS_BOOTSTRAP_TIMEOUT sets the default store timeout") {
+  ::setenv("CHORUS_BOOTSTRAP_TIMEOUT", "2.5", 1);
+  chorus::store_options options;
+  CHECK(options.timeout == 2500ms);
+  ::setenv("CHORUS_BOOTSTRAP_TIMEOUT", "later", 1);
+  CHECK_THROWS_WITH_AS((void)chorus::store_options{},
+                       "chorus: CHORUS_BOOTSTRAP_TIMEOUT='later' is not a number of seconds",
+                       chorus::error);
+  ::unsetenv("CHORUS_BOOTSTRAP_TIMEOUT");
+  CHECK(chorus::store_options{}.timeout == 120s);
+}
+
+TEST_CASE("a frozen rank 0 turns a wait into a timeout shortly after the deadline") {
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(2), [&](int r) {
+    auto store = chorus::tcp_store::connect(rank_info(r, 2, port), {.timeout = 500ms});
+    if (r == 0) {
+      store.add("pid", ::getpid());
+      store.barrier("up");
+      while (store.add("past barrier", 0) < 1) std::this_thread::sleep_for(5ms);
+      ::raise(SIGSTOP);  // frozen, server thread included; rank 1 kills it
+      return 1;
+    }
+    store.barrier("up");
+    auto pid = static_cast<pid_t>(store.add("pid", 0));
+    CHILD_CHECK(pid > 0);  // kill(0) would kill the whole test
+    store.add("past barrier", 1);
+    auto start = clock_type::now();
+    int failed = expect_error([&] { (void)store.get("never set"); }, chorus::errc::timeout,
+                              {"the rendezvous store at 127.0.0.1:" + std::to_string(port) + " did not answer"});
+    ::kill(pid, SIGKILL);
+    CHILD_CHECK(clock_type::now() - start < 5s);
+    return failed;
+  });
+  CHECK(WIFSIGNALED(outcomes[0].status));
+  check_exited_cleanly(outcomes[1]);
+}
+
+TEST_CASE("ranks meet over IPv6 loopback") {
+  int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  bool have_ipv6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  socklen_t len = sizeof a;
+  if (have_ipv6) ::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
+  if (probe >= 0) ::close(probe);
+  if (!have_ipv6) {
+    MESSAGE("skipped: this machine has no IPv6 loopback (::1)");
+    return;
+  }
+  std::uint16_t port = ntohs(a.sin6_port);
+  auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
+    auto info = rank_info(r, 3, port);
+    info.master_addr = "::1";
+    auto store = chorus::tcp_store::connect(info, {.timeout = 10s});
+    auto all = store.all_gather("v6", bytes(std::to_string(r)));
+    for (int p = 0; p < 3; ++p) CHILD_CHECK(text(all[static_cast<std::size_t>(p)]) == std::to_string(p));
+    return 0;
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of chorus-run, the local launcher: environment, output prefixes, failure and timeout
+// handling and usage errors, each by running the built binary on small shell commands.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct run_result {
+  int exit_code = -1;  // as a shell reports it: 128+sig when killed by a signal
+  std::string out;
+  std::string err;
+  double seconds = 0;
+};
+
+// A scratch directory for one test, removed at the end.
+struct scratch_dir {
+  std::string path;
+  scratch_dir() {
+    std::string templ = "/tmp/chorus-run-test-XXXXXX";
+    REQUIRE(::mkdtemp(templ.data()) != nullptr);
+    path = templ;
+  }
+  ~scratch_dir() { [[maybe_unused]] int rc = std::system(("rm -rf '" + path + "'").c_str()); }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+bool contains(const std::vector<std::string>& lines, const std::string& line) {
+  for (const auto& l : lines) {
+    if (l == line) return true;
+  }
+  return false;
+}
+
+// Runs a shell command line; `{run}` at its start is the chorus-run binary.
+run_result run_shell(const std::string& script) {
+  scratch_dir dir;
+  std::string cmd = "( " + script + " ) >'" + dir.path + "/out' 2>'" + dir.path + "/err'";
+  auto start = std::chrono::steady_clock::now();
+  int status = std::system(cmd.c_str());
+  auto stop = std::chrono::steady_clock::now();
+  run_result r;
+  r.seconds = std::chrono::duration<double>(stop - start).count();
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  r.out = read_file(dir.path + "/out");
+  r.err = read_file(dir.path + "/err");
+  return r;
+}
+
+// Runs chorus-run with the given arguments (a shell-quoted string).
+run_result run(const std::string& args) {
+  return run_shell(std::string("'") + CHORUS_RUN_PATH + "' " + args);
+}
+
+// True once a process no longer runs: gone, or a zombie waiting for its new parent.
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close_paren = stat.rfind(')');
+  return close_paren != std::string::npos && close_paren + 2 < stat.size() &&
+         stat[close_paren + 2] == 'Z';
+}
+
+bool gone_within(pid_t pid, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!process_gone(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("every rank runs the program with its rank and the world in CHORUS_* variables") {
+  auto r = run(
+      "-n 3 sh -c 'echo $CHORUS_RANK $CHORUS_WORLD_SIZE $CHORUS_LOCAL_RANK "
+      "$CHORUS_LOCAL_WORLD_SIZE $CHORUS_MASTER_ADDR $CHORUS_MASTER_PORT'");
+  CHECK(r.exit_code == 0);
+  auto lines = lines_of(r.out);
+  REQUIRE(lines.size() == 3);
+  std::regex line_re(R"(\[(\d)\] (\d) 3 (\d) 3 127\.0\.0\.1 (\d+))");
+  std::string port;
+  std::vector<bool> seen(3, false);
+  for (const auto& line : lines) {
+    std::smatch m;
+    REQUIRE(std::regex_match(line, m, line_re));
+    CHECK(m[1] == m[2]);  // the prefix names the rank that printed the line
+    CHECK(m[2] == m[3]);  // one node: local rank == rank
+    int port_number = std::stoi(m[4]);
+    CHECK(port_number > 0);
+    CHECK(port_number < 65536);
+    if (port.empty()) port = m[4];
+    CHECK(m[4] == port);  // every rank is told the same rendezvous port
+    seen[static_cast<std::size_t>(std::stoi(m[1]))] = true;
+  }
+  CHECK(seen == std::vector<bool>{true, true, true});
+}
+
+TEST_CASE("chorus-run replaces inherited CHORUS_* variables and keeps the rest") {
+  auto r = run_shell(std::string("CHORUS_RANK=77 KEEP_ME=yes '") + CHORUS_RUN_PATH +
+                     "' -n 1 sh -c 'echo $CHORUS_RANK $KEEP_ME'");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "[0] 0 yes\n");
+}
+
+TEST_CASE("--port sets CHORUS_MASTER_PORT for every rank") {
+  auto r = run("-n 2 --port 29511 sh -c 'echo $CHORUS_MASTER_PORT'");
+  CHECK(r.exit_code == 0);
+  auto lines = lines_of(r.out);
+  CHECK(contains(lines, "[0] 29511"));
+  CHECK(contains(lines, "[1] 29511"));
+}
+
+TEST_CASE("output lines carry their rank's prefix and never interleave") {
+  auto r = run(
+      "-n 4 sh -c 'i=0; while [ $i -lt 3000 ]; do "
+      "echo \"rank-$CHORUS_RANK-line-$i-abcdefghijklmnopqrstuvwxyz0123456789\"; "
+      "i=$((i+1)); done'");
+  CHECK(r.exit_code == 0);
+  auto lines = lines_of(r.out);
+  CHECK(lines.size() == 4 * 3000);
+  std::regex line_re(R"(\[([0-3])\] rank-\1-line-\d+-abcdefghijklmnopqrstuvwxyz0123456789)");
+  int bad = 0;
+  for (const auto& line : lines) bad += std::regex_match(line, line_re) ? 0 : 1;
+  CHECK(bad == 0);
+}
+
+TEST_CASE("stderr comes back on stderr with the same prefix") {
+  auto r = run("-n 2 sh -c 'echo out $CHORUS_RANK; echo err $CHORUS_RANK >&2'");
+  CHECK(r.exit_code == 0);
+  auto out = lines_of(r.out);
+  auto err = lines_of(r.err);
+  CHECK(contains(out, "[0] out 0"));
+  CHECK(contains(out, "[1] out 1"));
+  CHECK(contains(err, "[0] err 0"));
+  CHECK(contains(err, "[1] err 1"));
+  CHECK(out.size() == 2);
+}
+
+TEST_CASE("a partial last line is flushed as a whole line when the rank exits") {
+  auto r = run("-n 2 sh -c 'printf \"no newline $CHORUS_RANK\"'");
+  CHECK(r.exit_code == 0);
+  auto lines = lines_of(r.out);
+  CHECK(contains(lines, "[0] no newline 0"));
+  CHECK(contains(lines, "[1] no newline 1"));
+  CHECK(r.out.back() == '\n');
+}
+
+TEST_CASE("--no-prefix prints whole lines without the rank prefix") {
+  auto r = run("-n 2 --no-prefix sh -c 'echo plain $CHORUS_RANK'");
+  CHECK(r.exit_code == 0);
+  auto lines = lines_of(r.out);
+  CHECK(contains(lines, "plain 0"));
+  CHECK(contains(lines, "plain 1"));
+}
+
+TEST_CASE("a rank that exits 3 makes chorus-run fail at once and stops the sleeping ranks") {
+  scratch_dir dir;
+  // Rank 1 waits until the others have written their pids, then fails; the
+  // others become `sleep 100` (exec keeps the pid) and also start a background sleeper, so
+  // the test sees that the whole process group of each rank is stopped.
+  auto r = run("-n 3 sh -c 'if [ $CHORUS_RANK = 1 ]; then "
+               "while [ ! -s " + dir.path + "/pid.0 ] || [ ! -s " + dir.path + "/pid.2 ]; "
+               "do sleep 0.05; done; echo failing; exit 3; fi; "
+               "sleep 100 & echo $! > " + dir.path + "/child.$CHORUS_RANK; "
+               "echo $$ > " + dir.path + "/pid.$CHORUS_RANK; exec sleep 100'");
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds < 3.0);  // the sleepers obey SIGTERM: no need to wait for SIGKILL
+  CHECK(r.err.find("chorus-run: rank 1 exited with status 3") != std::string::npos);
+  CHECK(contains(lines_of(r.out), "[1] failing"));
+  for (const char* rank : {"0", "2"}) {
+    for (const char* what : {"pid.", "child."}) {
+      std::string text = read_file(dir.path + "/" + what + rank);
+      REQUIRE_MESSAGE(!text.empty(), what << rank << " was not written");
+      auto pid = static_cast<pid_t>(std::stol(text));
+      CHECK_MESSAGE(gone_within(pid, std::chrono::milliseconds(2000)),
+                    what << rank << " (pid " << pid << ") still runs");
+    }
+  }
+}
+
+TEST_CASE("a rank killed by a signal is reported by name and chorus-run exits 128+signal") {
+  auto r = run("-n 2 sh -c 'if [ $CHORUS_RANK = 0 ]; then kill -KILL $$; fi; exec sleep 100'");
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK(r.seconds < 3.0);
+  CHECK(r.err.find("chorus-run: rank 0 killed by signal SIGKILL") != std::string::npos);
+}
+
+TEST_CASE("a rank that ignores SIGTERM is killed with SIGKILL after the grace period") {
+  auto r = run("-n 2 sh -c 'if [ $CHORUS_RANK = 0 ]; then sleep 0.2; exit 1; fi; "
+               "trap \"\" TERM; while :; do sleep 0.1; done'");
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds > 2.5);
+  CHECK(r.seconds < 10.0);
+  CHECK(r.err.find("SIGKILL") != std::string::npos);
+}
+
+TEST_CASE("--timeout stops every rank and exits 124") {
+  auto r = run("-n 2 --timeout 0.5 sleep 100");
+  CHECK(r.exit_code == 124);
+  CHECK(r.seconds < 3.0);
+  CHECK(r.err.find("timeout") != std::string::npos);
+}
+
+TEST_CASE("ranks that finish before the timeout succeed") {
+  auto r = run("-n 2 --timeout 30 true");
+  CHECK(r.exit_code == 0);
+  CHECK(r.seconds < 5.0);
+}
+
+TEST_CASE("SIGTERM to chorus-run is forwarded to the ranks") {
+  auto r = run_shell(std::string("'") + CHORUS_RUN_PATH +
+                     "' -n 2 sh -c 'trap \"echo got TERM; exit 0\" TERM; sleep 100 & wait' & "
+                     "p=$!; sleep 0.5; kill -TERM $p; wait $p");
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK(r.seconds < 3.0);
+  auto lines = lines_of(r.out);
+  CHECK(contains(lines, "[0] got TERM"));
+  CHECK(contains(lines, "[1] got TERM"));
+}
+
+TEST_CASE("a program that does not exist is reported and chorus-run exits 2") {
+  auto r = run("-n 2 chorus-no-such-program-xyz");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("chorus-run: cannot run 'chorus-no-such-program-xyz': "
+                   "No such file or directory") != std::string::npos);
+}
+
+TEST_CASE("bad usage is explained and exits 2") {
+  for (const char* args : {"", "true", "-n", "-n 0 true", "-n 1025 true", "-n x true",
+                           "-n 2", "-n 2 --port 0 true", "-n 2 --timeout -1 true",
+                           "-n 2 --bogus true"}) {
+    CAPTURE(args);
+    auto r = run(args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("chorus-run: ") == 0);
+    CHECK(r.err.find("usage: chorus-run") != std::string::npos);
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("arguments after the program belong to the program") {
+  auto r = run("-n 1 sh -c 'printf \"%s\\n\" \"$*\"' sh -n 5 --timeout 1");
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "[0] -n 5 --timeout 1\n");
+}

@@ -1,0 +1,631 @@
+// SPDX-License-Identifier: Apache-2.0
+// chorus-run: starts N local ranks of a program with the CHORUS_* environment, prefixes their
+// output with the rank, and stops every rank as soon as one fails.
+//
+// Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] PROGRAM [ARGS...]
+//
+//   $ chorus-run -n 2 sh -c 'echo hi $CHORUS_RANK'
+//   [0] hi 0
+//   [1] hi 1
+//
+// Exit status: 0 when every rank exits 0; 1 when a rank exits non-zero; 128+sig when a rank is
+// killed by a signal (or chorus-run is interrupted by one); 124 on --timeout; 2 on bad usage or
+// when the program cannot be started.
+//
+// How it works: one process per rank, each the leader of its own process group so that a
+// signal reaches the rank and everything it started. stdout and stderr come back through
+// pipes; a single poll() loop reads them, cuts whole lines and writes each batch of lines with
+// one write(), so lines from different ranks never interleave. Signals (SIGCHLD, SIGINT,
+// SIGTERM, SIGHUP) are turned into bytes on a self-pipe that the same poll() watches, so the
+// loop never busy-waits and never races a signal.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr int max_ranks = 1024;
+// How long ranks get between SIGTERM and SIGKILL.
+constexpr auto kill_grace = 3s;
+// How long to keep reading pipes after the last rank exited: a rank may have left a
+// background process holding the pipe open, and we must not wait for it forever.
+constexpr auto drain_grace = 1s;
+// A line longer than this is written out in pieces; the bound keeps a program that writes
+// binary data without newlines from growing our memory without limit.
+constexpr std::size_t max_line = std::size_t{1} << 20;
+
+constexpr std::string_view usage_text =
+    "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] PROGRAM [ARGS...]\n"
+    "  -n N               number of ranks to start (1..1024)\n"
+    "  --port P           CHORUS_MASTER_PORT (default: a free port on 127.0.0.1)\n"
+    "  --timeout SECONDS  kill every rank after SECONDS and exit 124\n"
+    "  --no-prefix        do not prefix output lines with \"[rank] \"\n"
+    "Each rank gets CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_LOCAL_RANK, CHORUS_LOCAL_WORLD_SIZE,\n"
+    "CHORUS_MASTER_ADDR=127.0.0.1 and CHORUS_MASTER_PORT; stdin is /dev/null.\n";
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // stdout closed (EPIPE, SIGPIPE is ignored): drop the output, keep supervising.
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+void say(std::string_view message) {
+  std::string line = "chorus-run: ";
+  line += message;
+  line += '\n';
+  write_all(STDERR_FILENO, line);
+}
+
+[[noreturn]] void usage_error(std::string_view message) {
+  say(message);
+  write_all(STDERR_FILENO, usage_text);
+  std::exit(2);
+}
+
+std::string signal_name(int sig) {
+  struct entry {
+    int sig;
+    const char* name;
+  };
+  static constexpr entry names[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+  };
+  for (const auto& e : names) {
+    if (e.sig == sig) return e.name;
+  }
+  return "signal " + std::to_string(sig);
+}
+
+template <typename T>
+std::optional<T> parse_number(std::string_view text) {
+  T value{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+struct options {
+  int nranks = 0;
+  int port = 0;            // 0: pick a free one
+  double timeout_s = 0.0;  // 0: none
+  bool prefix = true;
+  std::vector<std::string> command;
+};
+
+options parse_options(int argc, char** argv) {
+  options opt;
+  bool have_n = false;
+  int i = 1;
+  // Takes the value of an option given as "--opt VALUE" or "--opt=VALUE".
+  auto value_of = [&](std::string_view arg, std::string_view name) -> std::optional<std::string> {
+    if (arg == name) {
+      if (i + 1 >= argc) usage_error(std::string(name) + " needs a value");
+      return std::string(argv[++i]);
+    }
+    if (arg.size() > name.size() && arg.substr(0, name.size()) == name &&
+        arg[name.size()] == '=') {
+      return std::string(arg.substr(name.size() + 1));
+    }
+    return std::nullopt;
+  };
+  for (; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;  // the program: everything after it is its own
+    if (arg == "-h" || arg == "--help") {
+      write_all(STDOUT_FILENO, usage_text);
+      std::exit(0);
+    }
+    if (arg == "--no-prefix") {
+      opt.prefix = false;
+    } else if (auto n = value_of(arg, "-n")) {
+      auto v = parse_number<int>(*n);
+      if (!v) usage_error("-n wants a number of ranks, got '" + *n + "'");
+      if (*v < 1 || *v > max_ranks) {
+        usage_error("-n must be between 1 and " + std::to_string(max_ranks) + ", got " + *n);
+      }
+      opt.nranks = *v;
+      have_n = true;
+    } else if (auto p = value_of(arg, "--port")) {
+      auto v = parse_number<int>(*p);
+      if (!v || *v < 1 || *v > 65535) usage_error("--port must be 1..65535, got '" + *p + "'");
+      opt.port = *v;
+    } else if (auto t = value_of(arg, "--timeout")) {
+      auto v = parse_number<double>(*t);
+      if (!v || !(*v > 0.0) || *v > 1e9) {
+        usage_error("--timeout wants a positive number of seconds, got '" + *t + "'");
+      }
+      opt.timeout_s = *v;
+    } else {
+      usage_error("unknown option '" + std::string(arg) + "'");
+    }
+  }
+  if (!have_n) usage_error("-n N is required");
+  if (i >= argc) usage_error("no program to run");
+  for (; i < argc; ++i) opt.command.emplace_back(argv[i]);
+  return opt;
+}
+
+// Binds port 0 on 127.0.0.1 and returns the port the kernel chose. The socket is closed
+// before the ranks start, so another process could take the port in between; rank 0 binds
+// it within milliseconds, which makes that unlikely, and --port exists for the rest.
+int pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// The self-pipe: the handler only writes the signal number; the poll() loop does the work.
+int signal_pipe_write = -1;
+
+extern "C" void on_signal(int sig) {
+  int saved = errno;
+  auto byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(signal_pipe_write, &byte, 1);
+  errno = saved;
+}
+
+constexpr int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+struct stream {
+  int fd = -1;    // read end of the rank's pipe; -1 once at EOF
+  int dest = -1;  // STDOUT_FILENO or STDERR_FILENO
+  std::string pending;  // bytes after the last newline
+};
+
+struct rank_process {
+  pid_t pid = -1;
+  bool running = false;
+  stream out, err;
+};
+
+class launcher {
+ public:
+  explicit launcher(options opt) : opt_(std::move(opt)) {}
+
+  int run() {
+    setup();
+    spawn_all();
+    loop();
+    return exit_code_;
+  }
+
+ private:
+  void setup() {
+    // 2 pipes per rank plus the self-pipe: 1024 ranks need more than the usual soft limit.
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+      lim.rlim_cur = lim.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+    }
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) fail_setup("pipe");
+    signal_pipe_read_ = fds[0];
+    signal_pipe_write = fds[1];
+    struct sigaction sa{};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (int sig : handled_signals) ::sigaction(sig, &sa, nullptr);
+    // A closed stdout must not kill the supervisor; write_all() drops the output instead.
+    ::signal(SIGPIPE, SIG_IGN);
+    port_ = opt_.port != 0 ? opt_.port : pick_free_port();
+    if (port_ < 0) fail_setup("cannot find a free port on 127.0.0.1");
+    if (opt_.timeout_s > 0) {
+      timeout_at_ = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                            std::chrono::duration<double>(opt_.timeout_s));
+    }
+  }
+
+  [[noreturn]] void fail_setup(std::string_view what) {
+    say(std::string(what) + ": " + std::strerror(errno));
+    std::exit(2);
+  }
+
+  // The environment of rank r: ours, with the CHORUS_* variables we set replaced.
+  std::vector<std::string> environment_for(int r) const {
+    const std::pair<std::string_view, std::string> ours[] = {
+        {"CHORUS_RANK", std::to_string(r)},
+        {"CHORUS_WORLD_SIZE", std::to_string(opt_.nranks)},
+        {"CHORUS_LOCAL_RANK", std::to_string(r)},
+        {"CHORUS_LOCAL_WORLD_SIZE", std::to_string(opt_.nranks)},
+        {"CHORUS_MASTER_ADDR", "127.0.0.1"},
+        {"CHORUS_MASTER_PORT", std::to_string(port_)},
+    };
+    std::vector<std::string> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      std::string_view var = *e;
+      bool replaced = false;
+      for (const auto& [name, value] : ours) {
+        if (var.size() > name.size() && var.substr(0, name.size()) == name &&
+            var[name.size()] == '=') {
+          replaced = true;
+        }
+      }
+      if (!replaced) env.emplace_back(var);
+    }
+    for (const auto& [name, value] : ours) env.push_back(std::string(name) + "=" + value);
+    return env;
+  }
+
+  void spawn_all() {
+    ranks_.resize(static_cast<std::size_t>(opt_.nranks));
+    for (int r = 0; r < opt_.nranks && !shutting_down_; ++r) spawn(r);
+    note_if_all_exited();
+  }
+
+  void spawn(int r) {
+    auto& rank = ranks_[static_cast<std::size_t>(r)];
+    std::vector<std::string> env_strings = environment_for(r);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<char*> argv;
+    for (auto& s : opt_.command) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    int out[2], err[2], exec_status[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+        ::pipe2(exec_status, O_CLOEXEC) != 0) {
+      fail_rank_start(r, std::string("pipe: ") + std::strerror(errno));
+      return;
+    }
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+    // Block our signals across fork so the child cannot run our handler (which would write
+    // into the parent's self-pipe) before it resets the dispositions.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      // Child: only async-signal-safe calls from here to exec.
+      ::setpgid(0, 0);
+      for (int sig : handled_signals) ::signal(sig, SIG_DFL);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &old, nullptr);
+#if defined(__linux__)
+      // If chorus-run itself dies (even by SIGKILL), take the rank with it.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+#endif
+      if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      int e = errno;
+      [[maybe_unused]] ssize_t n = ::write(exec_status[1], &e, sizeof e);
+      ::_exit(127);
+    }
+    int fork_errno = errno;
+    // Also set the group from the parent, so it exists before we might signal it.
+    if (pid > 0) ::setpgid(pid, pid);
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    if (devnull >= 0) ::close(devnull);
+    ::close(out[1]);
+    ::close(err[1]);
+    ::close(exec_status[1]);
+    if (pid < 0) {
+      ::close(out[0]);
+      ::close(err[0]);
+      ::close(exec_status[0]);
+      fail_rank_start(r, std::string("fork: ") + std::strerror(fork_errno));
+      return;
+    }
+    rank.pid = pid;
+    rank.running = true;
+    rank.out = stream{out[0], STDOUT_FILENO, {}};
+    rank.err = stream{err[0], STDERR_FILENO, {}};
+    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+
+    // The exec-status pipe closes on a successful exec (O_CLOEXEC) or carries errno.
+    int child_errno = 0;
+    ssize_t got;
+    do {
+      got = ::read(exec_status[0], &child_errno, sizeof child_errno);
+    } while (got < 0 && errno == EINTR);
+    ::close(exec_status[0]);
+    if (got == static_cast<ssize_t>(sizeof child_errno)) {
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      rank.running = false;
+      say("cannot run '" + opt_.command[0] + "': " + std::strerror(child_errno));
+      begin_shutdown(2);
+    }
+  }
+
+  void fail_rank_start(int r, std::string_view why) {
+    say("cannot start rank " + std::to_string(r) + ": " + std::string(why));
+    begin_shutdown(2);
+  }
+
+  bool any_running() const {
+    for (const auto& r : ranks_) {
+      if (r.running) return true;
+    }
+    return false;
+  }
+
+  void signal_running(int sig) {
+    for (const auto& r : ranks_) {
+      // The group of a rank that was reaped may be gone and its id reused: only signal
+      // groups whose leader we have not reaped yet.
+      if (r.running) ::kill(-r.pid, sig);
+    }
+  }
+
+  // Stops the remaining ranks: SIGTERM now, SIGKILL after kill_grace. The first cause wins
+  // the exit code.
+  void begin_shutdown(int code, int sig = SIGTERM) {
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    exit_code_ = code;
+    signal_running(sig);
+    kill_at_ = clock_type::now() + kill_grace;
+  }
+
+  void emit(int rank, stream& s, std::string_view data, bool at_eof) {
+    // Built by append: GCC 12 -O2 warns falsely (-Wrestrict, GCC bug 105329) on "[" + str.
+    std::string prefix;
+    if (opt_.prefix) {
+      prefix.append("[").append(std::to_string(rank)).append("] ");
+    }
+    std::string batch;
+    s.pending.append(data);
+    std::size_t start = 0;
+    for (;;) {
+      std::size_t nl = s.pending.find('\n', start);
+      if (nl == std::string::npos) break;
+      batch += prefix;
+      batch.append(s.pending, start, nl + 1 - start);
+      start = nl + 1;
+    }
+    s.pending.erase(0, start);
+    if (!s.pending.empty() && (at_eof || s.pending.size() >= max_line)) {
+      batch += prefix;
+      batch += s.pending;
+      batch += '\n';
+      s.pending.clear();
+    }
+    if (!batch.empty()) write_all(s.dest, batch);
+  }
+
+  // Reads what is available on one stream; closes it at EOF.
+  void read_stream(int rank, stream& s) {
+    char buf[65536];
+    for (;;) {
+      ssize_t n = ::read(s.fd, buf, sizeof buf);
+      if (n > 0) {
+        emit(rank, s, std::string_view(buf, static_cast<std::size_t>(n)), false);
+        if (static_cast<std::size_t>(n) < sizeof buf) return;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      emit(rank, s, {}, true);
+      ::close(s.fd);
+      s.fd = -1;
+      return;
+    }
+  }
+
+  void close_stream(int rank, stream& s) {
+    if (s.fd < 0) return;
+    emit(rank, s, {}, true);
+    ::close(s.fd);
+    s.fd = -1;
+  }
+
+  void reap() {
+    for (;;) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        if (pid < 0 && errno == EINTR) continue;
+        break;
+      }
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        auto& rank = ranks_[r];
+        if (rank.pid != pid || !rank.running) continue;
+        rank.running = false;
+        // Print what the rank wrote before it died ahead of our verdict on it.
+        int ri = static_cast<int>(r);
+        if (rank.out.fd >= 0) read_stream(ri, rank.out);
+        if (rank.err.fd >= 0) read_stream(ri, rank.err);
+        if (shutting_down_) break;
+        if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+          say("rank " + std::to_string(r) + " exited with status " +
+              std::to_string(WEXITSTATUS(status)));
+          stop_rest(1);
+        } else if (WIFSIGNALED(status)) {
+          say("rank " + std::to_string(r) + " killed by signal " +
+              signal_name(WTERMSIG(status)));
+          stop_rest(128 + WTERMSIG(status));
+        }
+        break;
+      }
+    }
+    note_if_all_exited();
+  }
+
+  // Starts the drain grace period once, when the last rank is reaped.
+  void note_if_all_exited() {
+    if (all_exited_ || any_running()) return;
+    all_exited_ = true;
+    drain_until_ = clock_type::now() + drain_grace;
+  }
+
+  void stop_rest(int code) {
+    int rest = 0;
+    for (const auto& r : ranks_) rest += r.running ? 1 : 0;
+    if (rest > 0) say("stopping the other " + std::to_string(rest) + " rank(s)");
+    begin_shutdown(code);
+  }
+
+  void on_our_signal(int sig) {
+    if (!shutting_down_) {
+      say("got " + signal_name(sig) + ", forwarding it to the ranks");
+      begin_shutdown(128 + sig, sig);
+    } else if (sig != SIGCHLD) {
+      // Asked twice: do not wait for the grace period.
+      signal_running(SIGKILL);
+    }
+  }
+
+  void handle_signal_pipe() {
+    unsigned char sigs[64];
+    for (;;) {
+      ssize_t n = ::read(signal_pipe_read_, sigs, sizeof sigs);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      bool child = false;
+      for (ssize_t k = 0; k < n; ++k) {
+        if (sigs[k] == SIGCHLD) {
+          child = true;
+        } else {
+          on_our_signal(sigs[k]);
+        }
+      }
+      if (child) reap();
+    }
+  }
+
+  void loop() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, stream*>> owners;
+    for (;;) {
+      // A rank may have exited before our SIGCHLD handler saw it (between fork and poll).
+      reap();
+      bool running = any_running();
+      bool open = false;
+      for (const auto& r : ranks_) open = open || r.out.fd >= 0 || r.err.fd >= 0;
+      auto now = clock_type::now();
+      if (!running && (!open || now >= drain_until_)) break;
+
+      if (timeout_at_ && now >= *timeout_at_ && !timed_out_ && !shutting_down_) {
+        timed_out_ = true;
+        std::string secs = std::to_string(opt_.timeout_s);
+        secs.erase(secs.find_last_not_of('0') + 1);
+        if (!secs.empty() && secs.back() == '.') secs.pop_back();
+        say("timeout after " + secs + " s, stopping all ranks");
+        begin_shutdown(124);
+      }
+      if (kill_at_ && now >= *kill_at_) {
+        if (running) say("ranks still alive " + std::to_string(kill_grace.count()) +
+                         " s after SIGTERM; sending SIGKILL");
+        signal_running(SIGKILL);
+        kill_at_.reset();
+      }
+
+      fds.clear();
+      owners.clear();
+      fds.push_back({signal_pipe_read_, POLLIN, 0});
+      owners.emplace_back(-1, nullptr);
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        for (stream* s : {&ranks_[r].out, &ranks_[r].err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(static_cast<int>(r), s);
+        }
+      }
+      std::optional<clock_type::time_point> wake;
+      auto earliest = [&](const std::optional<clock_type::time_point>& t) {
+        if (t && (!wake || *t < *wake)) wake = t;
+      };
+      if (!timed_out_ && !shutting_down_) earliest(timeout_at_);
+      earliest(kill_at_);
+      if (!running) earliest(drain_until_);
+      int timeout_ms = -1;
+      if (wake) {
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
+        timeout_ms = static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
+      }
+      int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), timeout_ms);
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        say(std::string("poll: ") + std::strerror(errno));
+        begin_shutdown(1, SIGKILL);
+        break;
+      }
+      for (std::size_t k = 1; k < fds.size(); ++k) {
+        if (fds[k].revents == 0 || owners[k].second->fd < 0) continue;
+        read_stream(owners[k].first, *owners[k].second);
+      }
+      if (fds[0].revents != 0) handle_signal_pipe();
+    }
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      close_stream(static_cast<int>(r), ranks_[r].out);
+      close_stream(static_cast<int>(r), ranks_[r].err);
+    }
+  }
+
+  options opt_;
+  int port_ = 0;
+  int signal_pipe_read_ = -1;
+  std::vector<rank_process> ranks_;
+  bool shutting_down_ = false;
+  bool timed_out_ = false;
+  bool all_exited_ = false;
+  int exit_code_ = 0;
+  std::optional<clock_type::time_point> timeout_at_;
+  std::optional<clock_type::time_point> kill_at_;
+  clock_type::time_point drain_until_{};
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options opt = parse_options(argc, argv);
+  return launcher(std::move(opt)).run();
+}
