@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for chorus/bootstrap/env.hpp: every launcher's variables, precedence and bad values.
-#include <chorus/bootstrap/env.hpp>
-
 #include <doctest/doctest.h>
 
+#include <chorus/bootstrap/env.hpp>
 #include <chrono>
 #include <map>
 #include <string>
@@ -139,8 +138,12 @@ TEST_CASE("CHORUS_ variables override torchrun, Open MPI and Slurm") {
 }
 
 TEST_CASE("torchrun wins over Open MPI, and Open MPI over Slurm") {
-  env_map env{{"RANK", "1"},          {"WORLD_SIZE", "2"},           {"OMPI_COMM_WORLD_RANK", "3"},
-              {"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
+  env_map env{{"RANK", "1"},
+              {"WORLD_SIZE", "2"},
+              {"OMPI_COMM_WORLD_RANK", "3"},
+              {"OMPI_COMM_WORLD_SIZE", "4"},
+              {"SLURM_PROCID", "5"},
+              {"SLURM_NTASKS", "6"},
               {"MASTER_ADDR", "h"}};
   CHECK(from(env).launcher == "torchrun");
   env.erase("RANK");
@@ -177,7 +180,8 @@ TEST_CASE("CHORUS_MASTER_ADDR and CHORUS_MASTER_PORT override MASTER_ADDR and MA
 }
 
 TEST_CASE("a bracketed IPv6 address is unbracketed") {
-  auto info = from({{"CHORUS_RANK", "0"}, {"CHORUS_WORLD_SIZE", "2"}, {"CHORUS_MASTER_ADDR", "[::1]"}});
+  auto info =
+      from({{"CHORUS_RANK", "0"}, {"CHORUS_WORLD_SIZE", "2"}, {"CHORUS_MASTER_ADDR", "[::1]"}});
   CHECK(info.master_addr == "::1");
 }
 
@@ -194,7 +198,8 @@ TEST_CASE("a rank without its size, or a size without its rank, names the missin
         "chorus: CHORUS_WORLD_SIZE is set but CHORUS_RANK is not; set both or neither");
   CHECK(error_of({{"CHORUS_RANK", "0"}, {"CHORUS_WORLD_SIZE", "1"}, {"CHORUS_LOCAL_RANK", "0"}}) ==
         "chorus: CHORUS_LOCAL_RANK is set but CHORUS_LOCAL_WORLD_SIZE is not; set both or neither");
-  CHECK(error_of({{"RANK", "0"}}) == "chorus: RANK is set but WORLD_SIZE is not; set both or neither");
+  CHECK(error_of({{"RANK", "0"}}) ==
+        "chorus: RANK is set but WORLD_SIZE is not; set both or neither");
   CHECK(error_of({{"OMPI_COMM_WORLD_SIZE", "2"}}) ==
         "chorus: OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not; set both or neither");
 }
@@ -208,7 +213,8 @@ TEST_CASE("a value that is not an integer is named with its text") {
         "chorus: CHORUS_RANK=' 3' is not an integer");
   CHECK(error_of({{"CHORUS_RANK", "1.0"}, {"CHORUS_WORLD_SIZE", "4"}}) ==
         "chorus: CHORUS_RANK='1.0' is not an integer");
-  CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "+2"}}) == "chorus: WORLD_SIZE='+2' is not an integer");
+  CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "+2"}}) ==
+        "chorus: WORLD_SIZE='+2' is not an integer");
 }
 
 TEST_CASE("negative, overflowing and out-of-range values are named with their text") {
@@ -242,7 +248,8 @@ TEST_CASE("a rank not below the size is named with both variables") {
 }
 
 TEST_CASE("a port of 0 or above 65535 is named with its variable") {
-  CHECK(error_of({{"CHORUS_MASTER_PORT", "0"}}) == "chorus: CHORUS_MASTER_PORT=0 must be at least 1");
+  CHECK(error_of({{"CHORUS_MASTER_PORT", "0"}}) ==
+        "chorus: CHORUS_MASTER_PORT=0 must be at least 1");
   CHECK(error_of({{"MASTER_PORT", "65536"}}) == "chorus: MASTER_PORT=65536 must be at most 65535");
   CHECK(error_of({{"MASTER_PORT", "http"}}) == "chorus: MASTER_PORT='http' is not an integer");
   CHECK(from({{"MASTER_PORT", "65535"}}).master_port == 65535);
@@ -253,8 +260,9 @@ TEST_CASE("several ranks without an address name the variables to set") {
         "chorus: no rendezvous address: 2 ranks were launched by mpirun but neither "
         "CHORUS_MASTER_ADDR nor MASTER_ADDR is set; set CHORUS_MASTER_ADDR to the host of rank 0 "
         "(and CHORUS_MASTER_PORT, default 29500)");
-  CHECK(error_of({{"CHORUS_RANK", "0"}, {"CHORUS_WORLD_SIZE", "2"}, {"CHORUS_MASTER_ADDR", "a b"}}) ==
-        "chorus: CHORUS_MASTER_ADDR='a b' is not a host name or IP address");
+  CHECK(
+      error_of({{"CHORUS_RANK", "0"}, {"CHORUS_WORLD_SIZE", "2"}, {"CHORUS_MASTER_ADDR", "a b"}}) ==
+      "chorus: CHORUS_MASTER_ADDR='a b' is not a host name or IP address");
 }
 
 TEST_CASE("a malformed Slurm task list is named with its text") {
@@ -264,7 +272,10 @@ TEST_CASE("a malformed Slurm task list is named with its text") {
                   {"SLURM_TASKS_PER_NODE", "2(x"},
                   {"MASTER_ADDR", "h"}}) ==
         "chorus: SLURM_TASKS_PER_NODE='2(x' is not a Slurm task list such as '4(x2),3'");
-  CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"MASTER_ADDR", "h"}}) ==
+  CHECK(error_of({{"SLURM_PROCID", "0"},
+                  {"SLURM_NTASKS", "2"},
+                  {"SLURM_LOCALID", "0"},
+                  {"MASTER_ADDR", "h"}}) ==
         "chorus: SLURM_LOCALID is set but none of SLURM_NTASKS_PER_NODE, "
         "SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE is");
 }
@@ -291,16 +302,16 @@ TEST_CASE("durations are positive seconds, possibly fractional, rounded up to mi
   CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", "soon"),
                        "chorus: CHORUS_BOOTSTRAP_TIMEOUT='soon' is not a number of seconds",
                        chorus::error);
-  CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "1s"), "chorus: T='1s' is not a number of seconds",
-                       chorus::error);
+  CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "1s"),
+                       "chorus: T='1s' is not a number of seconds", chorus::error);
   CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "0"),
                        "chorus: T=0 must be a positive number of seconds", chorus::error);
   CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "-3"),
                        "chorus: T=-3 must be a positive number of seconds", chorus::error);
-  CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "1e999"), "chorus: T='1e999' is not a number of seconds",
-                       chorus::error);
-  CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "inf"), "chorus: T='inf' is not a number of seconds",
-                       chorus::error);
+  CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "1e999"),
+                       "chorus: T='1e999' is not a number of seconds", chorus::error);
+  CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "inf"),
+                       "chorus: T='inf' is not a number of seconds", chorus::error);
   CHECK_THROWS_WITH_AS(chorus::parse_env_seconds("T", "99999999"),
                        "chorus: T=99999999 must be at most 10000000 seconds", chorus::error);
   env_map env{{"T", "1.5"}};

@@ -1,10 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for chorus/bootstrap/store.hpp: real ranks in forked processes meeting over loopback.
-#include <chorus/bootstrap/store.hpp>
-
-#include <doctest/doctest.h>
-
 #include <arpa/inet.h>
+#include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,6 +10,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/bootstrap/store.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,8 +23,6 @@
 #include <string_view>
 #include <thread>
 #include <vector>
-
-#include <chorus/bootstrap/detail/store_protocol.hpp>
 
 namespace {
 
@@ -70,12 +67,12 @@ bool contains(std::string_view haystack, std::string_view needle) {
 }
 
 // In a child, where doctest's macros cannot report: print what failed and exit non-zero.
-#define CHILD_CHECK(cond)                                                                   \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
+#define CHILD_CHECK(cond)                                                                 \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       std::fprintf(stderr, "%s:%d: child check failed: %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                                             \
-    }                                                                                       \
+      return 1;                                                                           \
+    }                                                                                     \
   } while (0)
 
 // Runs the expected error `code` through a call; in a child, returns 1 unless it is thrown
@@ -88,13 +85,14 @@ int expect_error(const std::function<void()>& call, chorus::errc code,
     bool ok = e.code() == code;
     for (const auto& p : parts) ok = ok && contains(e.what(), p);
     if (!ok) {
-      std::fprintf(stderr, "unexpected error (%s): %s\n", std::string(chorus::to_string(e.code())).c_str(),
-                   e.what());
+      std::fprintf(stderr, "unexpected error (%s): %s\n",
+                   std::string(chorus::to_string(e.code())).c_str(), e.what());
       return 1;
     }
     return 0;
   }
-  std::fprintf(stderr, "expected a %s error, got none\n", std::string(chorus::to_string(code)).c_str());
+  std::fprintf(stderr, "expected a %s error, got none\n",
+               std::string(chorus::to_string(code)).c_str());
   return 1;
 }
 
@@ -223,7 +221,9 @@ int raw_reply_status(int fd) {
     if (n <= 0) return -1;
     have += static_cast<std::size_t>(n);
   }
-  return have == head.size() ? static_cast<int>(chorus::detail::store_decode_header(head.data()).status) : -1;
+  return have == head.size()
+             ? static_cast<int>(chorus::detail::store_decode_header(head.data()).status)
+             : -1;
 }
 
 // Sends every kind of malformed input the server must survive, over and over.
@@ -299,7 +299,8 @@ TEST_CASE("every rank of 1, 3 and 5 sees the others' set, get, add, all_gather a
 
       // Values of different lengths; the same key twice is two rounds.
       for (char round : {'a', 'b'}) {
-        auto all = store.all_gather("ids", bytes(std::string(static_cast<std::size_t>(r + 1), round)));
+        auto all =
+            store.all_gather("ids", bytes(std::string(static_cast<std::size_t>(r + 1), round)));
         CHILD_CHECK(all.size() == static_cast<std::size_t>(n));
         for (int p = 0; p < n; ++p) {
           CHILD_CHECK(text(all[static_cast<std::size_t>(p)]) ==
@@ -323,10 +324,11 @@ TEST_CASE("every rank of 1, 3 and 5 sees the others' set, get, add, all_gather a
 TEST_CASE("a rendezvous that ranks never reach names exactly those ranks") {
   std::uint16_t port = free_port();
   auto outcomes = run_ranks({0, 2}, [&](int r) {
-    return expect_error([&] { (void)chorus::tcp_store::connect(rank_info(r, 4, port), {.timeout = 1s}); },
-                        chorus::errc::timeout,
-                        {"rendezvous at 127.0.0.1:" + std::to_string(port) +
-                         " timed out after 1 s: ranks 1, 3 never arrived"});
+    return expect_error(
+        [&] { (void)chorus::tcp_store::connect(rank_info(r, 4, port), {.timeout = 1s}); },
+        chorus::errc::timeout,
+        {"rendezvous at 127.0.0.1:" + std::to_string(port) +
+         " timed out after 1 s: ranks 1, 3 never arrived"});
   });
   for (const auto& c : outcomes) check_exited_cleanly(c);
 }
@@ -342,14 +344,17 @@ TEST_CASE("an all_gather or barrier that a rank skips names exactly that rank") 
       store.all_gather("addr", bytes("x"));
       failures += 1;
     } catch (const chorus::error& e) {
-      std::string want = "all_gather 'addr' at " + address + " timed out after 1 s: rank 2 never arrived";
-      if (e.code() != chorus::errc::timeout || !contains(e.what(), want) || e.ranks() != std::vector<int>{2}) {
+      std::string want =
+          "all_gather 'addr' at " + address + " timed out after 1 s: rank 2 never arrived";
+      if (e.code() != chorus::errc::timeout || !contains(e.what(), want) ||
+          e.ranks() != std::vector<int>{2}) {
         std::fprintf(stderr, "rank %d: %s\n", r, e.what());
         failures += 1;
       }
     }
-    failures += expect_error([&] { store.barrier("done"); }, chorus::errc::timeout,
-                             {"barrier 'done' at " + address + " timed out after 1 s: rank 2 never arrived"});
+    failures += expect_error(
+        [&] { store.barrier("done"); }, chorus::errc::timeout,
+        {"barrier 'done' at " + address + " timed out after 1 s: rank 2 never arrived"});
     // A timeout the server reported leaves the store usable.
     store.set("still", bytes("fine"));
     CHILD_CHECK(text(store.get("still")) == "fine");
@@ -420,7 +425,8 @@ TEST_CASE("when rank 0 is killed the other ranks fail with connection_lost at on
     int failed = expect_error([&] { store.get("never set"); }, chorus::errc::connection_lost,
                               {"127.0.0.1:" + std::to_string(port)});
     CHILD_CHECK(clock_type::now() - start < 3s);  // not the 10 s timeout
-    failed += expect_error([&] { store.set("after", bytes("x")); }, chorus::errc::connection_lost, {});
+    failed +=
+        expect_error([&] { store.set("after", bytes("x")); }, chorus::errc::connection_lost, {});
     return failed;
   });
   CHECK(WIFSIGNALED(outcomes[0].status));
@@ -455,12 +461,14 @@ TEST_CASE("the store refuses a second process for a connected rank and a differe
     store.barrier("up");
     int failed = 0;
     if (r == 1) {
-      failed += expect_error([&] { (void)chorus::tcp_store::connect(rank_info(1, 2, port), {.timeout = 2s}); },
-                             chorus::errc::bootstrap, {"rank 1 is already connected"});
-      failed += expect_error([&] { (void)chorus::tcp_store::connect(rank_info(1, 3, port), {.timeout = 2s}); },
-                             chorus::errc::bootstrap,
-                             {"rank 1 says the world size is 3 but the store at 127.0.0.1:" +
-                              std::to_string(port) + " serves 2 ranks"});
+      failed += expect_error(
+          [&] { (void)chorus::tcp_store::connect(rank_info(1, 2, port), {.timeout = 2s}); },
+          chorus::errc::bootstrap, {"rank 1 is already connected"});
+      failed += expect_error(
+          [&] { (void)chorus::tcp_store::connect(rank_info(1, 3, port), {.timeout = 2s}); },
+          chorus::errc::bootstrap,
+          {"rank 1 says the world size is 3 but the store at 127.0.0.1:" + std::to_string(port) +
+           " serves 2 ranks"});
     }
     store.barrier("done");
     return failed;
@@ -517,7 +525,8 @@ TEST_CASE("a get of a key nobody sets times out naming the key and the store's a
 TEST_CASE("keys and values over the limits, and adds on non-counters, are invalid arguments") {
   auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 1s});
   std::string long_key(4097, 'k');
-  CHECK_THROWS_WITH_AS(store.set("", bytes("v")), "chorus: store set: the key is empty", chorus::error);
+  CHECK_THROWS_WITH_AS(store.set("", bytes("v")), "chorus: store set: the key is empty",
+                       chorus::error);
   try {
     store.get(long_key);
     FAIL("accepted a 4097-byte key");
@@ -579,8 +588,9 @@ TEST_CASE("a frozen rank 0 turns a wait into a timeout shortly after the deadlin
     CHILD_CHECK(pid > 0);  // kill(0) would kill the whole test
     store.add("past barrier", 1);
     auto start = clock_type::now();
-    int failed = expect_error([&] { (void)store.get("never set"); }, chorus::errc::timeout,
-                              {"the rendezvous store at 127.0.0.1:" + std::to_string(port) + " did not answer"});
+    int failed = expect_error(
+        [&] { (void)store.get("never set"); }, chorus::errc::timeout,
+        {"the rendezvous store at 127.0.0.1:" + std::to_string(port) + " did not answer"});
     ::kill(pid, SIGKILL);
     CHILD_CHECK(clock_type::now() - start < 5s);
     return failed;
@@ -608,7 +618,8 @@ TEST_CASE("ranks meet over IPv6 loopback") {
     info.master_addr = "::1";
     auto store = chorus::tcp_store::connect(info, {.timeout = 10s});
     auto all = store.all_gather("v6", bytes(std::to_string(r)));
-    for (int p = 0; p < 3; ++p) CHILD_CHECK(text(all[static_cast<std::size_t>(p)]) == std::to_string(p));
+    for (int p = 0; p < 3; ++p)
+      CHILD_CHECK(text(all[static_cast<std::size_t>(p)]) == std::to_string(p));
     return 0;
   });
   for (const auto& c : outcomes) check_exited_cleanly(c);

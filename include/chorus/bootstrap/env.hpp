@@ -2,13 +2,12 @@
 // Who this process is and where rank 0 listens, read from the launcher's environment.
 #pragma once
 
+#include <chorus/error.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
-
-#include <chorus/error.hpp>
 
 namespace chorus {
 
@@ -18,13 +17,13 @@ using getenv_function = std::function<const char*(const char*)>;
 
 /// What the launcher told this process.
 struct launch_info {
-  int rank = 0;        ///< in [0, size)
-  int size = 1;        ///< >= 1
-  int local_rank = 0;  ///< in [0, local_size); 0 when the launcher does not say
-  int local_size = 1;  ///< ranks on this node, <= size; 1 when the launcher does not say
-  std::string master_addr;           ///< host of rank 0's store: a name or IPv4/IPv6 literal
-  std::uint16_t master_port = 29500; ///< in [1, 65535]
-  std::string launcher;              ///< "chorus" | "torchrun" | "mpirun" | "srun" | "none"
+  int rank = 0;             ///< in [0, size)
+  int size = 1;             ///< >= 1
+  int local_rank = 0;       ///< in [0, local_size); 0 when the launcher does not say
+  int local_size = 1;       ///< ranks on this node, <= size; 1 when the launcher does not say
+  std::string master_addr;  ///< host of rank 0's store: a name or IPv4/IPv6 literal
+  std::uint16_t master_port = 29500;  ///< in [1, 65535]
+  std::string launcher;               ///< "chorus" | "torchrun" | "mpirun" | "srun" | "none"
 };
 
 /// Reads the launcher's environment. The first launcher whose rank and size variables are set
@@ -76,7 +75,8 @@ int env_int(const getenv_function& getenv_fn, const char* name, int fallback, in
 
 /// The duration in seconds in variable `name`, or `fallback` when unset or empty.
 ///
-/// **Example**: `auto t = chorus::env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", std::chrono::seconds(120));`
+/// **Example**: `auto t = chorus::env_seconds("CHORUS_BOOTSTRAP_TIMEOUT",
+/// std::chrono::seconds(120));`
 std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback);
 std::chrono::milliseconds env_seconds(const getenv_function& getenv_fn, const char* name,
                                       std::chrono::milliseconds fallback);

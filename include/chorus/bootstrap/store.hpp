@@ -2,6 +2,8 @@
 // The rendezvous store: a key-value store served by rank 0 over TCP, through which ranks meet.
 #pragma once
 
+#include <chorus/bootstrap/env.hpp>
+#include <chorus/error.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -9,9 +11,6 @@
 #include <span>
 #include <string_view>
 #include <vector>
-
-#include <chorus/bootstrap/env.hpp>
-#include <chorus/error.hpp>
 
 namespace chorus {
 

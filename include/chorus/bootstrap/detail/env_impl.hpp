@@ -2,9 +2,9 @@
 // Definitions behind chorus/bootstrap/env.hpp: number parsing and launcher detection.
 #pragma once
 
-#include <chorus/bootstrap/env.hpp>
-
 #include <charconv>
+#include <chorus/bootstrap/env.hpp>
+#include <chorus/error.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -17,8 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include <chorus/error.hpp>
-
 namespace chorus {
 namespace detail {
 
@@ -29,7 +27,7 @@ namespace detail {
 // A variable's value, or nullopt when it is unset or empty. Empty counts as unset because
 // shells and job templates commonly export VAR= to mean "not given".
 inline std::optional<std::string_view> launch_env_value(const getenv_function& getenv_fn,
-                                                 const char* name) {
+                                                        const char* name) {
   const char* value = getenv_fn(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
   return std::string_view(value);
@@ -49,12 +47,10 @@ inline std::optional<std::pair<launch_env_var, launch_env_var>> launch_env_pair(
   auto b = launch_env_value(getenv_fn, second);
   if (!a && !b) return std::nullopt;
   if (!b) {
-    launch_env_error(std::string(first) + " is set but " + second +
-                    " is not; set both or neither");
+    launch_env_error(std::string(first) + " is set but " + second + " is not; set both or neither");
   }
   if (!a) {
-    launch_env_error(std::string(second) + " is set but " + first +
-                    " is not; set both or neither");
+    launch_env_error(std::string(second) + " is set but " + first + " is not; set both or neither");
   }
   constexpr int int_max = std::numeric_limits<int>::max();
   return std::pair{launch_env_var{first, parse_env_int(first, *a, first_min, int_max)},
@@ -67,7 +63,7 @@ inline int slurm_tasks_on_node(std::string_view name, std::string_view list,
                                std::optional<int> node) {
   auto bad = [&]() -> int {
     launch_env_error(std::string(name) + "='" + std::string(list) +
-                    "' is not a Slurm task list such as '4(x2),3'");
+                     "' is not a Slurm task list such as '4(x2),3'");
   };
   std::vector<std::pair<int, int>> runs;  // (tasks, repeat)
   std::string_view rest = list;
@@ -199,10 +195,10 @@ inline launch_info launch_info_from(const getenv_function& getenv_fn) {
       take_local(*l);
     }
   } else if (auto m = detail::launch_env_pair(getenv_fn, "OMPI_COMM_WORLD_RANK", 0,
-                                       "OMPI_COMM_WORLD_SIZE", 1)) {
+                                              "OMPI_COMM_WORLD_SIZE", 1)) {
     take_global("mpirun", *m);
     if (auto l = detail::launch_env_pair(getenv_fn, "OMPI_COMM_WORLD_LOCAL_RANK", 0,
-                                  "OMPI_COMM_WORLD_LOCAL_SIZE", 1)) {
+                                         "OMPI_COMM_WORLD_LOCAL_SIZE", 1)) {
       take_local(*l);
     }
   } else if (auto s = detail::launch_env_pair(getenv_fn, "SLURM_PROCID", 0, "SLURM_NTASKS", 1)) {
@@ -237,13 +233,14 @@ inline launch_info launch_info_from(const getenv_function& getenv_fn) {
   }
 
   // The CHORUS_ local pair overrides whatever the launcher said about the node.
-  if (auto l = detail::launch_env_pair(getenv_fn, "CHORUS_LOCAL_RANK", 0, "CHORUS_LOCAL_WORLD_SIZE", 1)) {
+  if (auto l = detail::launch_env_pair(getenv_fn, "CHORUS_LOCAL_RANK", 0, "CHORUS_LOCAL_WORLD_SIZE",
+                                       1)) {
     take_local(*l);
   }
 
   auto below = [](const std::string& a, int av, const std::string& b, int bv) {
     detail::launch_env_error(a + "=" + std::to_string(av) + " is not below " + b + "=" +
-                            std::to_string(bv));
+                             std::to_string(bv));
   };
   if (info.rank >= info.size) below(rank_name, info.rank, size_name, info.size);
   if (have_local) {
@@ -252,7 +249,7 @@ inline launch_info launch_info_from(const getenv_function& getenv_fn) {
     }
     if (info.local_size > info.size) {
       detail::launch_env_error(local_size_name + "=" + std::to_string(info.local_size) +
-                              " exceeds " + size_name + "=" + std::to_string(info.size));
+                               " exceeds " + size_name + "=" + std::to_string(info.size));
     }
   }
 
@@ -263,7 +260,8 @@ inline launch_info launch_info_from(const getenv_function& getenv_fn) {
   const char* port_name = "CHORUS_MASTER_PORT";
   auto port = detail::launch_env_value(getenv_fn, port_name);
   if (!port) port = detail::launch_env_value(getenv_fn, port_name = "MASTER_PORT");
-  if (port) info.master_port = static_cast<std::uint16_t>(parse_env_int(port_name, *port, 1, 65535));
+  if (port)
+    info.master_port = static_cast<std::uint16_t>(parse_env_int(port_name, *port, 1, 65535));
 
   if (addr) {
     std::string_view host = *addr;
@@ -272,7 +270,7 @@ inline launch_info launch_info_from(const getenv_function& getenv_fn) {
     }
     if (host.empty() || host.find_first_of(" \t\r\n[]/") != std::string_view::npos) {
       detail::launch_env_error(std::string(addr_name) + "='" + std::string(*addr) +
-                              "' is not a host name or IP address");
+                               "' is not a host name or IP address");
     }
     info.master_addr = std::string(host);
   } else if (info.size == 1) {

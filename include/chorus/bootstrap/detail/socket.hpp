@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// POSIX socket plumbing for the bootstrap store: owned descriptors, name resolution, I/O with deadlines.
+// POSIX socket plumbing for the bootstrap store: owned descriptors, name resolution, I/O with
+// deadlines.
 #pragma once
 
 #include <fcntl.h>
@@ -59,9 +60,8 @@ inline std::string store_errno_text(int err) { return std::generic_category().me
 
 /// "host:port", with an IPv6 literal bracketed: "[::1]:29500".
 inline std::string store_host_port(std::string_view host, std::uint16_t port) {
-  std::string text = host.find(':') != std::string_view::npos
-                         ? "[" + std::string(host) + "]"
-                         : std::string(host);
+  std::string text =
+      host.find(':') != std::string_view::npos ? "[" + std::string(host) + "]" : std::string(host);
   return text + ":" + std::to_string(port);
 }
 
@@ -91,7 +91,7 @@ struct store_address {
 /// and puts getaddrinfo's reason in `reason`. No AI_ADDRCONFIG: in a network namespace with
 /// only loopback it would hide 127.0.0.1 and ::1.
 inline std::vector<store_address> store_resolve(const std::string& host, std::uint16_t port,
-                                                 std::string& reason) {
+                                                std::string& reason) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -102,8 +102,8 @@ inline std::vector<store_address> store_resolve(const std::string& host, std::ui
   int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
   std::vector<store_address> out;
   if (rc != 0) {
-    reason = "cannot resolve '" + host + "': " +
-             (rc == EAI_SYSTEM ? store_errno_text(errno) : std::string(::gai_strerror(rc)));
+    reason = "cannot resolve '" + host +
+             "': " + (rc == EAI_SYSTEM ? store_errno_text(errno) : std::string(::gai_strerror(rc)));
     return out;
   }
   for (addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
@@ -155,7 +155,8 @@ inline store_io_result store_wait_fd(int fd, short events, store_clock::time_poi
 }
 
 /// Writes every byte of `parts` to the non-blocking socket `fd` before `deadline`.
-inline store_io_result store_send_all(int fd, std::vector<iovec> parts, store_clock::time_point deadline) {
+inline store_io_result store_send_all(int fd, std::vector<iovec> parts,
+                                      store_clock::time_point deadline) {
   std::size_t first = 0;
   while (first < parts.size()) {
     if (parts[first].iov_len == 0) {
@@ -191,7 +192,7 @@ inline store_io_result store_send_all(int fd, std::vector<iovec> parts, store_cl
 /// Reads exactly `size` bytes from the non-blocking socket `fd` before `deadline`.
 /// End of stream before the last byte is `closed`.
 inline store_io_result store_recv_exact(int fd, void* data, std::size_t size,
-                            store_clock::time_point deadline) {
+                                        store_clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
   std::size_t have = 0;
   while (have < size) {
@@ -216,7 +217,7 @@ inline store_io_result store_recv_exact(int fd, void* data, std::size_t size,
 /// Opens a non-blocking TCP connection to `to`, waiting for it until `deadline`.
 /// Returns the socket, or an empty one with the reason's errno in `err`.
 inline store_fd store_connect_tcp(const store_address& to, store_clock::time_point deadline,
-                             int& err) {
+                                  int& err) {
   store_fd fd(::socket(to.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
   if (!fd) {
     err = errno;

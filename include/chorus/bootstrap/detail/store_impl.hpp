@@ -2,12 +2,15 @@
 // Definitions behind chorus/bootstrap/store.hpp: the client side of the rendezvous store.
 #pragma once
 
-#include <chorus/bootstrap/store.hpp>
-
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <array>
+#include <chorus/bootstrap/detail/socket.hpp>
+#include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/bootstrap/detail/store_server.hpp>
+#include <chorus/bootstrap/store.hpp>
+#include <chorus/error.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -20,11 +23,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <chorus/bootstrap/detail/socket.hpp>
-#include <chorus/bootstrap/detail/store_protocol.hpp>
-#include <chorus/bootstrap/detail/store_server.hpp>
-#include <chorus/error.hpp>
 
 namespace chorus {
 namespace detail {
@@ -72,8 +70,8 @@ inline void store_check_key(std::string_view key, std::string_view call) {
 inline void store_check_value(std::string_view key, std::size_t size, std::string_view call) {
   if (size > max_store_value) {
     throw error(errc::invalid_argument,
-                "store " + std::string(call) + ": the value for key " + store_key_text(key) + " is " +
-                    std::to_string(size) + " bytes, over the 64 MiB limit",
+                "store " + std::string(call) + ": the value for key " + store_key_text(key) +
+                    " is " + std::to_string(size) + " bytes, over the 64 MiB limit",
                 {}, std::nullopt, std::string(call));
   }
 }
@@ -101,7 +99,7 @@ struct tcp_store::state {
   store_options options;
   std::string address;  // "host:port" as every message names it
   detail::store_fd fd;
-  std::unique_ptr<detail::store_server> server;  // rank 0 only
+  std::unique_ptr<detail::store_server> server;           // rank 0 only
   std::unordered_map<std::string, std::uint64_t> rounds;  // all_gather/barrier calls per key
   bool broken = false;
 
@@ -146,8 +144,8 @@ struct tcp_store::state {
     broken = true;
     fd.reset();
     fail(errc::protocol,
-         "the rendezvous store at " + address + " sent a bad reply to " + std::string(what) +
-             ": " + why,
+         "the rendezvous store at " + address + " sent a bad reply to " + std::string(what) + ": " +
+             why,
          what, {0});
   }
 
@@ -176,10 +174,12 @@ struct tcp_store::state {
         {const_cast<char*>(key.data()), key.size()},
         {const_cast<std::byte*>(value.data()), value.size()},
     };
-    check_io(store_send_all(fd.get(), std::move(parts), store_clock::now() + options.timeout), what);
+    check_io(store_send_all(fd.get(), std::move(parts), store_clock::now() + options.timeout),
+             what);
 
     std::array<std::byte, store_header_bytes> reply_head{};
-    check_io(store_recv_exact(fd.get(), reply_head.data(), reply_head.size(), reply_deadline), what);
+    check_io(store_recv_exact(fd.get(), reply_head.data(), reply_head.size(), reply_deadline),
+             what);
     store_reply r;
     r.header = store_decode_header(reply_head.data());
     if (r.header.op != h.op || r.header.status > static_cast<std::uint8_t>(store_status::error) ||
@@ -199,9 +199,10 @@ struct tcp_store::state {
   }
 
   void throw_reply_error(const detail::store_reply& r, std::string_view what) {
-    auto code = static_cast<std::uint64_t>(r.header.arg) <= static_cast<std::uint64_t>(errc::aborted)
-                    ? static_cast<errc>(r.header.arg)
-                    : errc::remote_error;
+    auto code =
+        static_cast<std::uint64_t>(r.header.arg) <= static_cast<std::uint64_t>(errc::aborted)
+            ? static_cast<errc>(r.header.arg)
+            : errc::remote_error;
     std::string text(reinterpret_cast<const char*>(r.value.data()), r.value.size());
     fail(code, "the rendezvous store at " + address + " refused " + std::string(what) + ": " + text,
          what);
@@ -211,13 +212,12 @@ struct tcp_store::state {
   // when the deadline passed.
   std::vector<std::vector<std::byte>> get_many(const std::vector<std::string>& keys,
                                                detail::store_clock::time_point deadline,
-                                               std::string_view what,
-                                               std::vector<int>& missing) {
+                                               std::string_view what, std::vector<int>& missing) {
     using namespace detail;
     auto list = store_encode_keys(keys);
     std::size_t max_reply = keys.size() * (8 + max_store_value);
-    auto r = call(store_op::get_many, {}, list, store_ms_until(deadline), deadline + store_reply_margin,
-                  max_reply, what);
+    auto r = call(store_op::get_many, {}, list, store_ms_until(deadline),
+                  deadline + store_reply_margin, max_reply, what);
     std::vector<std::vector<std::byte>> values;
     auto status = static_cast<store_status>(r.header.status);
     if (status == store_status::error) throw_reply_error(r, what);
@@ -279,8 +279,8 @@ struct tcp_store::state {
     auto values = get_many(keys, deadline, what, missing);
     if (!missing.empty()) {
       fail(errc::timeout,
-           what + " at " + address + " timed out after " + store_seconds_text(options.timeout) + ": " +
-               store_ranks_text(missing) + " never arrived",
+           what + " at " + address + " timed out after " + store_seconds_text(options.timeout) +
+               ": " + store_ranks_text(missing) + " never arrived",
            kind, missing);
     }
     return values;
@@ -335,9 +335,9 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
   s->options = options;
   s->address = store_host_port(info.master_addr, info.master_port);
   if (info.rank == 0) {
-    s->server = std::make_unique<store_server>(
-        info.master_addr, info.size == 1 ? std::uint16_t{0} : info.master_port, info.size,
-        options.timeout);
+    s->server = std::make_unique<store_server>(info.master_addr,
+                                               info.size == 1 ? std::uint16_t{0} : info.master_port,
+                                               info.size, options.timeout);
     s->info.master_port = s->server->port();
     s->address = s->server->address();
     s->server->start();
@@ -369,7 +369,8 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
   if (!missing.empty()) {
     throw error(errc::timeout,
                 "rendezvous at " + s->address + " timed out after " +
-                    store_seconds_text(options.timeout) + ": " + store_ranks_text(missing) + " never arrived",
+                    store_seconds_text(options.timeout) + ": " + store_ranks_text(missing) +
+                    " never arrived",
                 missing, std::nullopt, "connect");
   }
   return tcp_store(std::move(s));
@@ -389,8 +390,8 @@ inline std::vector<std::byte> tcp_store::get(std::string_view key) {
   store_check_key(key, "get");
   auto what = "get " + store_key_text(key);
   auto deadline = store_clock::now() + state_->options.timeout;
-  auto r = state_->call(store_op::get, key, {}, store_ms_until(deadline), deadline + store_reply_margin,
-                        max_store_value, what);
+  auto r = state_->call(store_op::get, key, {}, store_ms_until(deadline),
+                        deadline + store_reply_margin, max_store_value, what);
   auto status = static_cast<store_status>(r.header.status);
   if (status == store_status::timeout) {
     state_->fail(errc::timeout,

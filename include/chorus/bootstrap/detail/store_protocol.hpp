@@ -48,11 +48,16 @@ enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2 };
 
 inline const char* to_string(store_op op) noexcept {
   switch (op) {
-    case store_op::hello: return "hello";
-    case store_op::set: return "set";
-    case store_op::get: return "get";
-    case store_op::add: return "add";
-    case store_op::get_many: return "get_many";
+    case store_op::hello:
+      return "hello";
+    case store_op::set:
+      return "set";
+    case store_op::get:
+      return "get";
+    case store_op::add:
+      return "add";
+    case store_op::get_many:
+      return "get_many";
   }
   return "unknown";
 }
@@ -72,11 +77,13 @@ inline void store_put_le(std::byte* out, std::uint64_t v, std::size_t bytes) noe
 
 inline std::uint64_t store_get_le(const std::byte* in, std::size_t bytes) noexcept {
   std::uint64_t v = 0;
-  for (std::size_t i = 0; i < bytes; ++i) v |= std::uint64_t{std::to_integer<std::uint8_t>(in[i])} << (8 * i);
+  for (std::size_t i = 0; i < bytes; ++i)
+    v |= std::uint64_t{std::to_integer<std::uint8_t>(in[i])} << (8 * i);
   return v;
 }
 
-inline std::array<std::byte, store_header_bytes> store_encode_header(const store_frame_header& h) noexcept {
+inline std::array<std::byte, store_header_bytes> store_encode_header(
+    const store_frame_header& h) noexcept {
   std::array<std::byte, store_header_bytes> out{};
   store_put_le(out.data() + 0, h.op, 1);
   store_put_le(out.data() + 1, h.status, 1);
@@ -101,10 +108,12 @@ inline store_frame_header store_decode_header(const std::byte* in) noexcept {
 /// Why a request header is unacceptable, or nullopt when it is fine. Checked before a byte of
 /// body is allocated, so a hostile length cannot make the server allocate.
 /// `said_hello`: before hello only a hello frame of exactly 16 bytes is accepted.
-inline std::optional<std::string> store_check_request(const store_frame_header& h, bool said_hello) {
+inline std::optional<std::string> store_check_request(const store_frame_header& h,
+                                                      bool said_hello) {
   auto op = static_cast<store_op>(h.op);
   if (!said_hello) {
-    if (op != store_op::hello) return "the first frame (op " + std::to_string(h.op) + ") is not hello";
+    if (op != store_op::hello)
+      return "the first frame (op " + std::to_string(h.op) + ") is not hello";
     if (h.key_len != 0 || h.value_len != store_hello_bytes) return "malformed hello";
   }
   if (h.status != 0 || h.reserved != 0) return "nonzero status or reserved bits in a request";

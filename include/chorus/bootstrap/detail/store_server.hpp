@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chorus/bootstrap/detail/socket.hpp>
+#include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/error.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,10 +27,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <chorus/bootstrap/detail/socket.hpp>
-#include <chorus/bootstrap/detail/store_protocol.hpp>
-#include <chorus/error.hpp>
 
 namespace chorus::detail {
 
@@ -53,13 +52,16 @@ class store_server {
   /// chorus::error(errc::bootstrap) naming the address when it cannot be bound.
   store_server(const std::string& host, std::uint16_t port, int world_size,
                std::chrono::milliseconds hello_timeout)
-      : world_size_(world_size), hello_timeout_(hello_timeout), by_rank_(static_cast<std::size_t>(world_size)) {
+      : world_size_(world_size),
+        hello_timeout_(hello_timeout),
+        by_rank_(static_cast<std::size_t>(world_size)) {
     std::string reason;
     auto addresses = store_resolve(host, port, reason);
     address_ = store_host_port(host, port);
     if (addresses.empty()) {
-      throw error(errc::bootstrap, "cannot host the rendezvous store at " + address_ + ": " + reason,
-                  {0}, std::nullopt, "bind");
+      throw error(errc::bootstrap,
+                  "cannot host the rendezvous store at " + address_ + ": " + reason, {0},
+                  std::nullopt, "bind");
     }
     std::string failures;
     bool not_local = true;
@@ -69,7 +71,8 @@ class store_server {
       if (!fd) {
         if (err == EADDRINUSE) {
           throw error(errc::bootstrap,
-                      "cannot host the rendezvous store at " + a.text + ": " + store_errno_text(err) +
+                      "cannot host the rendezvous store at " + a.text + ": " +
+                          store_errno_text(err) +
                           " (another job on this port? choose another CHORUS_MASTER_PORT)",
                       {0}, std::nullopt, "bind");
         }
@@ -81,8 +84,9 @@ class store_server {
         sockaddr_storage bound{};
         socklen_t len = sizeof bound;
         ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
-        port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                   : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+        port_ =
+            ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
         listeners_.push_back(std::move(fd));
         break;  // each further bind to port 0 would get a different port
       }
@@ -91,18 +95,18 @@ class store_server {
     if (port != 0) port_ = port;
     address_ = store_host_port(host, port_);
     if (listeners_.empty()) {
-      std::string why = not_local ? "'" + host + "' is not an address of this machine (" +
-                                        failures +
-                                        "); rank 0 hosts the store and must run on the host that "
-                                        "CHORUS_MASTER_ADDR / MASTER_ADDR names"
-                                  : failures;
+      std::string why = not_local
+                            ? "'" + host + "' is not an address of this machine (" + failures +
+                                  "); rank 0 hosts the store and must run on the host that "
+                                  "CHORUS_MASTER_ADDR / MASTER_ADDR names"
+                            : failures;
       throw error(errc::bootstrap, "cannot host the rendezvous store at " + address_ + ": " + why,
                   {0}, std::nullopt, "bind");
     }
     int fds[2];
     if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-      throw error(errc::system, "pipe2 for the rendezvous store failed: " + store_errno_text(errno), {},
-                  std::nullopt, "pipe2");
+      throw error(errc::system, "pipe2 for the rendezvous store failed: " + store_errno_text(errno),
+                  {}, std::nullopt, "pipe2");
     }
     wake_read_.reset(fds[0]);
     wake_write_.reset(fds[1]);
@@ -116,7 +120,9 @@ class store_server {
   std::uint16_t port() const noexcept { return port_; }
   const std::string& address() const noexcept { return address_; }
 
-  void start() { thread_ = std::thread([this] { run(); }); }
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
 
   /// Stops serving once every rank that said hello has disconnected, or `linger` has passed,
   /// whichever is first; then joins the thread. Idempotent.
@@ -242,7 +248,8 @@ class store_server {
       }
       value.resize(4 + 4 * missing.size());
       store_put_le(value.data(), missing.size(), 4);
-      for (std::size_t i = 0; i < missing.size(); ++i) store_put_le(value.data() + 4 + 4 * i, missing[i], 4);
+      for (std::size_t i = 0; i < missing.size(); ++i)
+        store_put_le(value.data() + 4 + 4 * i, missing[i], 4);
     }
     reply(c, w.many ? store_op::get_many : store_op::get, store_status::timeout, value);
     c.wait.reset();
@@ -260,7 +267,8 @@ class store_server {
   }
 
   static store_clock::time_point wait_deadline(std::int64_t ms) {
-    return store_clock::now() + std::chrono::milliseconds(std::clamp<std::int64_t>(ms, 0, max_store_wait_ms));
+    return store_clock::now() +
+           std::chrono::milliseconds(std::clamp<std::int64_t>(ms, 0, max_store_wait_ms));
   }
 
   void handle_hello(connection& c) {
@@ -269,7 +277,8 @@ class store_server {
     auto version = static_cast<std::uint32_t>(store_get_le(v + 4, 4));
     auto rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(store_get_le(v + 8, 4)));
     auto size = static_cast<std::int32_t>(static_cast<std::uint32_t>(store_get_le(v + 12, 4)));
-    if (magic != store_magic) return drop(c, "hello without the chorus magic (not a chorus client?)");
+    if (magic != store_magic)
+      return drop(c, "hello without the chorus magic (not a chorus client?)");
     auto refuse = [&](const std::string& why) {
       log(c, "refused: " + why);
       reply_error(c, store_op::hello, errc::bootstrap, why);
@@ -280,8 +289,9 @@ class store_server {
                     std::to_string(store_version) + " (mixed chorus versions?)");
     }
     if (size != world_size_) {
-      return refuse("rank " + std::to_string(rank) + " says the world size is " + std::to_string(size) +
-                    " but the store at " + address_ + " serves " + std::to_string(world_size_) + " ranks");
+      return refuse("rank " + std::to_string(rank) + " says the world size is " +
+                    std::to_string(size) + " but the store at " + address_ + " serves " +
+                    std::to_string(world_size_) + " ranks");
     }
     if (rank < 0 || rank >= world_size_) {
       return refuse("rank " + std::to_string(rank) + " is outside the world of " +
@@ -306,7 +316,8 @@ class store_server {
     auto op = static_cast<store_op>(c.header.op);
     if (c.rank < 0) return handle_hello(c);
     std::string key(reinterpret_cast<const char*>(c.body.data()), c.header.key_len);
-    std::span<const std::byte> value(c.body.data() + c.header.key_len, c.body.size() - c.header.key_len);
+    std::span<const std::byte> value(c.body.data() + c.header.key_len,
+                                     c.body.size() - c.header.key_len);
     switch (op) {
       case store_op::set:
         reply(c, op, store_status::ok, {});
@@ -322,7 +333,8 @@ class store_server {
           if (it->second.size() != 8) {
             return reply_error(c, op, errc::invalid_argument,
                                "add on key '" + key + "', which holds a " +
-                                   std::to_string(it->second.size()) + "-byte value, not a counter");
+                                   std::to_string(it->second.size()) +
+                                   "-byte value, not a counter");
           }
           current = static_cast<std::int64_t>(store_get_le(it->second.data(), 8));
         }
@@ -379,7 +391,8 @@ class store_server {
       if (!c.have_header) {
         if (c.head_have < store_header_bytes) continue;
         c.header = store_decode_header(c.head.data());
-        if (auto bad = store_check_request(c.header, c.rank >= 0)) return drop(c, "bad frame: " + *bad);
+        if (auto bad = store_check_request(c.header, c.rank >= 0))
+          return drop(c, "bad frame: " + *bad);
         c.have_header = true;
         c.body.assign(c.header.key_len + static_cast<std::size_t>(c.header.value_len), std::byte{});
         c.body_have = 0;
@@ -394,7 +407,8 @@ class store_server {
 
   void flush(connection& c) {
     while (c.out_sent < c.out.size()) {
-      ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+      ssize_t n =
+          ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
@@ -411,12 +425,15 @@ class store_server {
     for (;;) {
       sockaddr_storage peer{};
       socklen_t len = sizeof peer;
-      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Out of descriptors: stop accepting for a moment rather than spin on a readable listener.
-          store_log("store " + address_ + ": accept: " + store_errno_text(errno) + "; pausing accepts");
+          // Out of descriptors: stop accepting for a moment rather than spin on a readable
+          // listener.
+          store_log("store " + address_ + ": accept: " + store_errno_text(errno) +
+                    "; pausing accepts");
           accept_paused_until_ = now + std::chrono::milliseconds(100);
         }
         return;
@@ -446,7 +463,8 @@ class store_server {
   }
 
   bool any_rank_connected() const {
-    return std::any_of(by_rank_.begin(), by_rank_.end(), [](const connection* c) { return c != nullptr; });
+    return std::any_of(by_rank_.begin(), by_rank_.end(),
+                       [](const connection* c) { return c != nullptr; });
   }
 
   void run() noexcept {
@@ -486,7 +504,8 @@ class store_server {
       fds.push_back({wake_read_.get(), POLLIN, 0});
       bool accepting = accept_paused_until_ <= now;
       if (!accepting) next = std::min(next, accept_paused_until_);
-      for (const auto& l : listeners_) fds.push_back({l.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+      for (const auto& l : listeners_)
+        fds.push_back({l.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       for (const auto& c : conns_) {
         short events = POLLRDHUP;
         if (!c->busy()) events |= POLLIN;
@@ -506,7 +525,8 @@ class store_server {
         while (::read(wake_read_.get(), sink, sizeof sink) > 0) {
         }
         if (draining_.load(std::memory_order_acquire) && !linger_deadline) {
-          linger_deadline = now + std::chrono::milliseconds(linger_ms_.load(std::memory_order_relaxed));
+          linger_deadline =
+              now + std::chrono::milliseconds(linger_ms_.load(std::memory_order_relaxed));
         }
       }
       std::size_t listener_count = listeners_.size();

@@ -132,7 +132,14 @@ class tcp_connection {
         rx_end_ -= rx_begin_;
         rx_begin_ = 0;
       }
-      const ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, tcp_rx_buffer - rx_end_, MSG_DONTWAIT);
+      std::size_t room = tcp_rx_buffer - rx_end_;
+      if (!rx_has_header_ && !rxq_.empty() && rxq_.front()->length > tcp_small_payload &&
+          rx_end_ - rx_begin_ < sizeof(frame_header)) {
+        // A large payload is due next: read only its header, so that the payload lands in
+        // place in step 2 instead of being copied through the buffer.
+        room = std::min(room, sizeof(frame_header) - (rx_end_ - rx_begin_));
+      }
+      const ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, room, MSG_DONTWAIT);
       if (!after_recv(n)) break;
       rx_end_ += static_cast<std::size_t>(n);
       moved = true;
