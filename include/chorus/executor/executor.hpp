@@ -24,7 +24,7 @@ namespace chorus {
 /// (bench/perf/all_reduce_perf); each field has a CHORUS_* variable.
 struct executor_options {
   std::size_t slice_bytes = 512 * 1024;  ///< CHORUS_SLICE_BYTES: bytes per frame, >= 4 KiB
-  std::size_t window = 8;                ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs), 1..64
+  std::size_t window = 16;               ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs), 1..64
   std::chrono::microseconds spin{50};    ///< CHORUS_SPIN_US: poll this long before sleeping
 };
 

@@ -33,6 +33,8 @@ struct tcp_options {
   int conns = 4;              ///< CHORUS_TCP_CONNS, connections per peer, 1..16
   std::string ifname;         ///< CHORUS_SOCKET_IFNAME; empty: the interface that reaches the master
   int buffer_bytes = 0;       ///< CHORUS_TCP_BUFFER, SO_SNDBUF/SO_RCVBUF; 0 keeps autotuning
+  int rto_min_us = 0;         ///< CHORUS_TCP_RTO_MIN_US, minimum retransmission timeout; 0 keeps the system's
+  std::string congestion;     ///< CHORUS_TCP_CONGESTION, e.g. "cubic"; empty keeps the system's
   std::chrono::milliseconds connect_timeout{120000};  ///< CHORUS_BOOTSTRAP_TIMEOUT (seconds)
 
   static tcp_options from_env() {
@@ -40,6 +42,8 @@ struct tcp_options {
     o.conns = env_int("CHORUS_TCP_CONNS", o.conns, 1, 16);
     if (const char* v = std::getenv("CHORUS_SOCKET_IFNAME"); v && *v) o.ifname = v;
     o.buffer_bytes = env_int("CHORUS_TCP_BUFFER", 0, 0, 1 << 30);
+    o.rto_min_us = env_int("CHORUS_TCP_RTO_MIN_US", o.rto_min_us, 0, 200000);
+    if (const char* v = std::getenv("CHORUS_TCP_CONGESTION"); v && *v) o.congestion = v;
     o.connect_timeout = env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", o.connect_timeout);
     return o;
   }

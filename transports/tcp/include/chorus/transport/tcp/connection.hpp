@@ -2,6 +2,8 @@
 // One TCP connection to a peer: queued frames out, posted frames in, few system calls.
 #pragma once
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -177,7 +179,16 @@ class tcp_connection {
 
   /// Handles a recv() result; false means stop reading for now.
   bool after_recv(ssize_t n) {
-    if (n > 0) return true;
+    if (n > 0) {
+      // Linux leaves quick-ACK mode on its own and then delays ACKs up to 200 ms; a bulk
+      // sender whose window is full waits that long. Re-arming after each large read keeps
+      // ACKs prompt; small frames skip the extra system call (their ACKs ride on replies).
+      if (static_cast<std::size_t>(n) > tcp_small_payload) {
+        const int one = 1;
+        ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
+      }
+      return true;
+    }
     if (n == 0) {
       // EOF between operations is how a finished peer says goodbye: its last frames may
       // still sit in our buffer. Only a receive that the buffer cannot answer is a failure

@@ -25,6 +25,20 @@ struct tcp_hello {
 
 inline void tune_socket(int fd, const tcp_options& o) {
   set_int_option(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)");
+  if (o.rto_min_us > 0) {
+    // Linux >= 6.15 lets a socket lower its minimum retransmission timeout (200 ms by
+    // default, a WAN-sized number). Loopback and datacenter links reorder packets now and
+    // then; each spurious loss then stalls the stream for the whole RTO. Older kernels lack
+    // the option: keep their default silently.
+    constexpr int tcp_rto_min_us = 45;
+    ::setsockopt(fd, IPPROTO_TCP, tcp_rto_min_us, &o.rto_min_us, sizeof o.rto_min_us);
+  }
+  if (!o.congestion.empty()) {
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, o.congestion.data(),
+                     static_cast<socklen_t>(o.congestion.size())) != 0) {
+      throw sys_error("CHORUS_TCP_CONGESTION='" + o.congestion + "': setsockopt(TCP_CONGESTION)");
+    }
+  }
   if (o.buffer_bytes > 0) {
     set_int_option(fd, SOL_SOCKET, SO_SNDBUF, o.buffer_bytes, "setsockopt(SO_SNDBUF)");
     set_int_option(fd, SOL_SOCKET, SO_RCVBUF, o.buffer_bytes, "setsockopt(SO_RCVBUF)");
