@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -29,7 +30,10 @@ struct communicator_options {
   algo algorithm = algo::automatic;
   /// CHORUS_RD_MAX_BYTES: automatic all_reduce uses recursive doubling up to this size.
   std::size_t rd_max_bytes = 32 * 1024;
-  executor_options exec{};
+  /// CHORUS_SPIN_US: how long a wait polls before it sleeps. Unset: 50 µs, or 0 when this
+  /// node runs more ranks than it has cores (a spinning rank then steals a peer's core).
+  std::optional<std::chrono::microseconds> spin;
+  executor_options exec{};  ///< exec.spin is set from `spin` when the communicator starts
 
   static communicator_options from_env();
 };

@@ -34,8 +34,9 @@ inline communicator_options communicator_options::from_env() {
       env_int("CHORUS_SLICE_BYTES", static_cast<int>(o.exec.slice_bytes), 4096, 64 << 20));
   o.exec.window = static_cast<std::size_t>(
       env_int("CHORUS_SLICES_IN_FLIGHT", static_cast<int>(o.exec.window), 1, 64));
-  o.exec.spin = std::chrono::microseconds(
-      env_int("CHORUS_SPIN_US", static_cast<int>(o.exec.spin.count()), 0, 10000000));
+  if (const char* v = std::getenv("CHORUS_SPIN_US"); v != nullptr && *v != '\0') {
+    o.spin = std::chrono::microseconds(parse_env_int("CHORUS_SPIN_US", v, 0, 10000000));
+  }
   return o;
 }
 
@@ -75,7 +76,19 @@ struct communicator::impl {
 
   impl(const launch_info& i, std::shared_ptr<tcp_store> s,
        std::unique_ptr<detail::any_transport> t, communicator_options o)
-      : info(i), store(std::move(s)), transport(std::move(t)), opts(o), exec(*transport, o.exec) {}
+      : info(i),
+        store(std::move(s)),
+        transport(std::move(t)),
+        opts(resolve(o, i)),
+        exec(*transport, opts.exec) {}
+
+  static communicator_options resolve(communicator_options o, const launch_info& i) {
+    const auto cores = std::max(1u, std::thread::hardware_concurrency());
+    o.exec.spin = o.spin ? *o.spin
+                         : (static_cast<unsigned>(i.local_size) > cores ? std::chrono::microseconds(0)
+                                                                        : o.exec.spin);
+    return o;
+  }
 
   ~impl() {
     {

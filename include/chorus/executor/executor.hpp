@@ -23,8 +23,8 @@ namespace chorus {
 /// Tuning of the executor. Defaults were measured on 2 cores over TCP loopback
 /// (bench/perf/all_reduce_perf); each field has a CHORUS_* variable.
 struct executor_options {
-  std::size_t slice_bytes = 512 * 1024;  ///< CHORUS_SLICE_BYTES: bytes per frame, >= 4 KiB
-  std::size_t window = 16;               ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs), 1..64
+  std::size_t slice_bytes = 2 << 20;  ///< CHORUS_SLICE_BYTES: largest frame payload, >= 4 KiB
+  std::size_t window = 8;             ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs), 1..64
   std::chrono::microseconds spin{50};    ///< CHORUS_SPIN_US: poll this long before sleeping
 };
 
@@ -286,7 +286,15 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
 inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
                           const op_buffers& b, clock::time_point deadline,
                           std::chrono::milliseconds timeout) {
-  slice_ = opts_.slice_bytes / b.elem_size * b.elem_size;
+  // Cut the largest region into at least 4 slices so consecutive steps overlap, but keep
+  // slices large enough (>= 64 KiB) that per-frame costs stay small.
+  std::size_t largest = 0;
+  for (const step& st : s.steps) {
+    largest = std::max({largest, st.send_from.count, st.recv_into.count});
+  }
+  const std::size_t wanted =
+      std::min(std::max<std::size_t>(largest * b.elem_size / 4, 64 * 1024), opts_.slice_bytes);
+  slice_ = std::max<std::size_t>(1, wanted / b.elem_size) * b.elem_size;
   staging_.reserve(opts_.window * slice_);
   scratch_.reserve(s.scratch_count * b.elem_size);
   plan(s, b);
