@@ -36,16 +36,8 @@
 
 namespace perf {
 
-enum class collective { all_reduce, reduce_scatter, all_gather };
-
-constexpr std::string_view to_string(collective c) noexcept {
-  switch (c) {
-    case collective::all_reduce: return "all_reduce";
-    case collective::reduce_scatter: return "reduce_scatter";
-    case collective::all_gather: return "all_gather";
-  }
-  return "invalid";
-}
+using chorus::collective;
+using chorus::to_string;
 
 /// The command line, after parsing. Defaults are those of nccl-tests except -e (64 MiB).
 struct options {

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <array>
-#include <chorus/bootstrap/detail/socket.hpp>
+#include <chorus/detail/socket.hpp>
 #include <chorus/bootstrap/detail/store_protocol.hpp>
 #include <chorus/bootstrap/detail/store_server.hpp>
 #include <chorus/bootstrap/store.hpp>
@@ -102,7 +102,7 @@ struct tcp_store::state {
   launch_info info;
   store_options options;
   std::string address;  // "host:port" as every message names it
-  detail::store_fd fd;
+  detail::unique_fd fd;
   std::unique_ptr<detail::store_server> server;           // rank 0 only
   std::unordered_map<std::string, std::uint64_t> rounds;  // all_gather/barrier calls per key
   bool broken = false;
@@ -118,20 +118,20 @@ struct tcp_store::state {
     throw error(code, std::move(message), std::move(ranks), std::nullopt, std::string(call));
   }
 
-  void check_io(detail::store_io_result r, std::string_view what) {
-    using detail::store_io_status;
-    if (r.status == store_io_status::ok) return;
+  void check_io(detail::io_result r, std::string_view what) {
+    using detail::io_status;
+    if (r.status == io_status::ok) return;
     broken = true;
     fd.reset();
     std::string errno_part = r.error != 0 ? ": " + detail::store_errno_text(r.error) : "";
     switch (r.status) {
-      case store_io_status::closed:
+      case io_status::closed:
         fail(errc::connection_lost,
              "lost the connection to the rendezvous store at " + address + " during " +
                  std::string(what) + errno_part +
                  " (rank 0, which hosts the store, exited or failed)",
              what, {0});
-      case store_io_status::timed_out:
+      case io_status::timed_out:
         fail(errc::timeout,
              "the rendezvous store at " + address + " did not answer " + std::string(what) +
                  " in time; the store is unusable now",
@@ -178,11 +178,11 @@ struct tcp_store::state {
         {const_cast<char*>(key.data()), key.size()},
         {const_cast<std::byte*>(value.data()), value.size()},
     };
-    check_io(store_send_all(fd.get(), std::move(parts), store_clock::now() + options.timeout),
+    check_io(send_all(fd.get(), std::move(parts), store_clock::now() + options.timeout),
              what);
 
     std::array<std::byte, store_header_bytes> reply_head{};
-    check_io(store_recv_exact(fd.get(), reply_head.data(), reply_head.size(), reply_deadline),
+    check_io(recv_exact(fd.get(), reply_head.data(), reply_head.size(), reply_deadline),
              what);
     store_reply r;
     r.header = store_decode_header(reply_head.data());
@@ -198,7 +198,7 @@ struct tcp_store::state {
                                  " bytes, over the " + std::to_string(limit) + "-byte limit");
     }
     r.value.resize(static_cast<std::size_t>(r.header.value_len));
-    check_io(store_recv_exact(fd.get(), r.value.data(), r.value.size(), reply_deadline), what);
+    check_io(recv_exact(fd.get(), r.value.data(), r.value.size(), reply_deadline), what);
     return r;
   }
 
@@ -290,7 +290,7 @@ struct tcp_store::state {
     return values;
   }
 
-  detail::store_fd connect_with_retry(detail::store_clock::time_point deadline) {
+  detail::unique_fd connect_with_retry(detail::store_clock::time_point deadline) {
     using namespace detail;
     std::string reason = "no attempt finished";
     auto backoff = std::chrono::milliseconds(10);
@@ -300,7 +300,7 @@ struct tcp_store::state {
         int err = 0;
         // A bounded attempt, so that one black-holed address does not eat the whole deadline.
         auto attempt_deadline = std::min(deadline, store_clock::now() + std::chrono::seconds(5));
-        store_fd socket = store_connect_tcp(a, attempt_deadline, err);
+        unique_fd socket = store_connect_tcp(a, attempt_deadline, err);
         if (socket) return socket;
         reason = a.text + ": " + store_errno_text(err);
       }

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chorus/bootstrap/detail/socket.hpp>
+#include <chorus/detail/socket.hpp>
 #include <chorus/bootstrap/detail/store_protocol.hpp>
 #include <chorus/error.hpp>
 #include <chrono>
@@ -67,7 +67,7 @@ class store_server {
     bool not_local = true;
     for (const auto& a : addresses) {
       int err = 0;
-      store_fd fd = listen_on(a, err);
+      unique_fd fd = listen_on(a, err);
       if (!fd) {
         if (err == EADDRINUSE) {
           throw error(errc::bootstrap,
@@ -145,7 +145,7 @@ class store_server {
   };
 
   struct connection {
-    store_fd fd;
+    unique_fd fd;
     std::string peer;
     int rank = -1;
     store_clock::time_point hello_deadline;
@@ -168,8 +168,8 @@ class store_server {
   // room on top of it.
   static constexpr std::size_t max_stranger_connections = 256;
 
-  static store_fd listen_on(const store_address& a, int& err) {
-    store_fd fd(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
+  static unique_fd listen_on(const store_address& a, int& err) {
+    unique_fd fd(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
     if (!fd) {
       err = errno;
       return {};
@@ -514,7 +514,7 @@ class store_server {
         if (c->wait) next = std::min(next, c->wait->deadline);
         if (c->rank < 0) next = std::min(next, c->hello_deadline);
       }
-      int n = ::poll(fds.data(), fds.size(), store_poll_ms(next));
+      int n = ::poll(fds.data(), fds.size(), poll_ms(next));
       if (n < 0) {
         if (errno == EINTR) continue;
         throw error(errc::system, "poll: " + store_errno_text(errno), {}, std::nullopt, "poll");
@@ -558,9 +558,9 @@ class store_server {
   std::chrono::milliseconds hello_timeout_;
   std::uint16_t port_ = 0;
   std::string address_;
-  std::vector<store_fd> listeners_;
-  store_fd wake_read_;
-  store_fd wake_write_;
+  std::vector<unique_fd> listeners_;
+  unique_fd wake_read_;
+  unique_fd wake_write_;
   std::atomic<bool> draining_{false};
   std::atomic<std::int64_t> linger_ms_{0};
   std::thread thread_;

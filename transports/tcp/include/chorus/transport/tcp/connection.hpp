@@ -162,8 +162,7 @@ class tcp_connection {
       h.magic = frame_magic;
       h.kind = frame_abort;
       h.length = len;
-      write_all(fd_.get(), &h, sizeof h, deadline);
-      write_all(fd_.get(), text.data(), len, deadline);
+      send_all(fd_.get(), {{&h, sizeof h}, {const_cast<char*>(text.data()), len}}, deadline);
     } catch (...) {
     }
     txq_.clear();

@@ -120,7 +120,12 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
       hello.rank = static_cast<std::uint32_t>(info.rank);
       hello.index = static_cast<std::uint32_t>(idx);
       hello.size = static_cast<std::uint32_t>(info.size);
-      write_all(fd.get(), &hello, sizeof hello, deadline);
+      if (send_all(fd.get(), {{&hello, sizeof hello}}, deadline).status != io_status::ok) {
+        throw error(errc::bootstrap,
+                    "cannot send the hello to rank " + std::to_string(peer) + " at " +
+                        addrs[peer].str(),
+                    {static_cast<int>(peer)}, std::nullopt, "connect");
+      }
       install(std::move(fd), peer, idx);
     }
   }
@@ -128,7 +133,7 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
   // 4. Accept the lower ranks' connections, checking each hello.
   std::size_t expected = static_cast<std::size_t>(info.rank) * k;
   while (expected > 0) {
-    if (!poll_until(listener.get(), POLLIN, deadline)) {
+    if (wait_fd(listener.get(), POLLIN, deadline).status != io_status::ok) {
       std::string missing;
       for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
         for (std::size_t idx = 0; idx < k; ++idx) {
@@ -148,8 +153,9 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_CLOEXEC));
     if (!fd) continue;
     tcp_hello hello{};
-    const bool ok = read_all(fd.get(), &hello, sizeof hello,
-                             std::min(deadline, clock::now() + std::chrono::seconds(5)));
+    const bool ok = recv_exact(fd.get(), &hello, sizeof hello,
+                               std::min(deadline, clock::now() + std::chrono::seconds(5)))
+                        .status == io_status::ok;
     const tcp_hello want;
     const char* why = !ok                                         ? "no hello"
                       : hello.magic != want.magic                 ? "bad magic"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Socket helpers of the TCP transport: addresses, interface choice, options, set-up I/O.
+// Socket helpers of the TCP transport: addresses, interface choice, socket options.
 #pragma once
 
 #include <arpa/inet.h>
@@ -20,13 +20,11 @@
 #include <string>
 #include <utility>
 
-#include <chorus/bootstrap/detail/socket.hpp>  // store_fd
+#include <chorus/detail/socket.hpp>  // unique_fd, wait_fd, send_all, recv_exact
 #include <chorus/error.hpp>
 
 namespace chorus::detail {
 
-/// Owns one file descriptor (the bootstrap's type; one implementation for both).
-using unique_fd = store_fd;
 
 inline error sys_error(const std::string& what, int err = errno) {
   return error(errc::system, what + ": " + std::strerror(err), {}, std::nullopt, what);
@@ -150,58 +148,6 @@ inline void set_nonblocking(int fd) {
 
 inline void set_int_option(int fd, int level, int name, int value, const char* what) {
   if (::setsockopt(fd, level, name, &value, sizeof value) != 0) throw sys_error(what);
-}
-
-/// Waits for `events` on fd until the deadline; false on timeout.
-inline bool poll_until(int fd, short events, std::chrono::steady_clock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count() + 1, 1000)));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) throw sys_error("poll");
-  }
-}
-
-/// Writes all of [data, data+len) on a blocking-style path with a deadline (set-up only).
-inline void write_all(int fd, const void* data, std::size_t len,
-                      std::chrono::steady_clock::time_point deadline) {
-  auto* p = static_cast<const char*>(data);
-  while (len > 0) {
-    const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<std::size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!poll_until(fd, POLLOUT, deadline)) {
-        throw error(errc::timeout, "send timed out during connection set-up");
-      }
-    } else {
-      throw sys_error("send");
-    }
-  }
-}
-
-/// Reads exactly len bytes with a deadline (set-up only). False on EOF or timeout.
-inline bool read_all(int fd, void* data, std::size_t len,
-                     std::chrono::steady_clock::time_point deadline) {
-  auto* p = static_cast<char*>(data);
-  while (len > 0) {
-    const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<std::size_t>(n);
-    } else if (n == 0) {
-      return false;
-    } else if (errno == EAGAIN || errno == EINTR) {
-      if (!poll_until(fd, POLLIN, deadline)) return false;
-    } else {
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace chorus::detail

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// POSIX socket plumbing for the bootstrap store: owned descriptors, name resolution, I/O with
-// deadlines.
+// POSIX socket plumbing shared by the bootstrap store and the TCP transport: owned descriptors,
+// name resolution, I/O with deadlines.
 #pragma once
 
 #include <fcntl.h>
@@ -31,18 +31,18 @@ namespace chorus::detail {
 using store_clock = std::chrono::steady_clock;
 
 /// Owns one file descriptor; closes it on destruction.
-class store_fd {
+class unique_fd {
  public:
-  store_fd() = default;
-  explicit store_fd(int fd) noexcept : fd_(fd) {}
-  store_fd(store_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  store_fd& operator=(store_fd&& other) noexcept {
+  unique_fd() = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& other) noexcept {
     if (this != &other) reset(std::exchange(other.fd_, -1));
     return *this;
   }
-  store_fd(const store_fd&) = delete;
-  store_fd& operator=(const store_fd&) = delete;
-  ~store_fd() { reset(); }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
 
   int get() const noexcept { return fd_; }
   explicit operator bool() const noexcept { return fd_ >= 0; }
@@ -129,7 +129,7 @@ inline void store_set_nodelay(int fd) noexcept {
 }
 
 /// Milliseconds until `deadline` for poll(): 0 when passed, rounded up, clamped to int.
-inline int store_poll_ms(store_clock::time_point deadline) {
+inline int poll_ms(store_clock::time_point deadline) {
   auto left = deadline - store_clock::now();
   if (left <= store_clock::duration::zero()) return 0;
   auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
@@ -137,25 +137,25 @@ inline int store_poll_ms(store_clock::time_point deadline) {
 }
 
 /// How a blocking-with-deadline transfer ended.
-enum class store_io_status { ok, closed, timed_out, failed };
-struct store_io_result {
-  store_io_status status = store_io_status::ok;
+enum class io_status { ok, closed, timed_out, failed };
+struct io_result {
+  io_status status = io_status::ok;
   int error = 0;  ///< errno for failed (and for closed by reset)
 };
 
 /// Waits for `events` on `fd` until `deadline`. Returns ok, timed_out or failed.
-inline store_io_result store_wait_fd(int fd, short events, store_clock::time_point deadline) {
+inline io_result wait_fd(int fd, short events, store_clock::time_point deadline) {
   for (;;) {
     pollfd p{fd, events, 0};
-    int n = ::poll(&p, 1, store_poll_ms(deadline));
+    int n = ::poll(&p, 1, poll_ms(deadline));
     if (n > 0) return {};
-    if (n == 0) return {store_io_status::timed_out, 0};
-    if (errno != EINTR) return {store_io_status::failed, errno};
+    if (n == 0) return {io_status::timed_out, 0};
+    if (errno != EINTR) return {io_status::failed, errno};
   }
 }
 
 /// Writes every byte of `parts` to the non-blocking socket `fd` before `deadline`.
-inline store_io_result store_send_all(int fd, std::vector<iovec> parts,
+inline io_result send_all(int fd, std::vector<iovec> parts,
                                       store_clock::time_point deadline) {
   std::size_t first = 0;
   while (first < parts.size()) {
@@ -170,12 +170,12 @@ inline store_io_result store_send_all(int fd, std::vector<iovec> parts,
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        store_io_result w = store_wait_fd(fd, POLLOUT, deadline);
-        if (w.status != store_io_status::ok) return w;
+        io_result w = wait_fd(fd, POLLOUT, deadline);
+        if (w.status != io_status::ok) return w;
         continue;
       }
-      if (errno == EPIPE || errno == ECONNRESET) return {store_io_status::closed, errno};
-      return {store_io_status::failed, errno};
+      if (errno == EPIPE || errno == ECONNRESET) return {io_status::closed, errno};
+      return {io_status::failed, errno};
     }
     auto sent = static_cast<std::size_t>(n);
     while (sent > 0 && first < parts.size()) {
@@ -191,7 +191,7 @@ inline store_io_result store_send_all(int fd, std::vector<iovec> parts,
 
 /// Reads exactly `size` bytes from the non-blocking socket `fd` before `deadline`.
 /// End of stream before the last byte is `closed`.
-inline store_io_result store_recv_exact(int fd, void* data, std::size_t size,
+inline io_result recv_exact(int fd, void* data, std::size_t size,
                                         store_clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
   std::size_t have = 0;
@@ -201,24 +201,24 @@ inline store_io_result store_recv_exact(int fd, void* data, std::size_t size,
       have += static_cast<std::size_t>(n);
       continue;
     }
-    if (n == 0) return {store_io_status::closed, 0};
+    if (n == 0) return {io_status::closed, 0};
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      store_io_result w = store_wait_fd(fd, POLLIN, deadline);
-      if (w.status != store_io_status::ok) return w;
+      io_result w = wait_fd(fd, POLLIN, deadline);
+      if (w.status != io_status::ok) return w;
       continue;
     }
-    if (errno == ECONNRESET) return {store_io_status::closed, errno};
-    return {store_io_status::failed, errno};
+    if (errno == ECONNRESET) return {io_status::closed, errno};
+    return {io_status::failed, errno};
   }
   return {};
 }
 
 /// Opens a non-blocking TCP connection to `to`, waiting for it until `deadline`.
 /// Returns the socket, or an empty one with the reason's errno in `err`.
-inline store_fd store_connect_tcp(const store_address& to, store_clock::time_point deadline,
+inline unique_fd store_connect_tcp(const store_address& to, store_clock::time_point deadline,
                                   int& err) {
-  store_fd fd(::socket(to.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
+  unique_fd fd(::socket(to.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
   if (!fd) {
     err = errno;
     return {};
@@ -231,9 +231,9 @@ inline store_fd store_connect_tcp(const store_address& to, store_clock::time_poi
     err = errno;
     return {};
   }
-  store_io_result w = store_wait_fd(fd.get(), POLLOUT, deadline);
-  if (w.status != store_io_status::ok) {
-    err = w.status == store_io_status::timed_out ? ETIMEDOUT : w.error;
+  io_result w = wait_fd(fd.get(), POLLOUT, deadline);
+  if (w.status != io_status::ok) {
+    err = w.status == io_status::timed_out ? ETIMEDOUT : w.error;
     return {};
   }
   int so_error = 0;
