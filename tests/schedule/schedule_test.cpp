@@ -53,8 +53,11 @@ std::string check_all_reduce(const maker& make, int n, std::size_t count) {
 }  // namespace
 
 TEST_CASE("ring and recursive doubling all_reduce leave every rank with every contribution exactly once, n = 1..64") {
-  for (const auto& [name, make] : {std::pair<const char*, maker>{"ring", ring_all_reduce},
-                                   {"recursive_doubling", recursive_doubling_all_reduce}}) {
+  for (const auto& algorithm : {std::pair<const char*, maker>{"ring", ring_all_reduce},
+                                 {"recursive_doubling", recursive_doubling_all_reduce}}) {
+    // Named copies: clang 14 cannot capture structured bindings in CAPTURE's lambda.
+    const char* name = algorithm.first;
+    const maker& make = algorithm.second;
     for (int n = 1; n <= 64; ++n) {
       for (std::size_t count : counts_for(n)) {
         CAPTURE(name);
