@@ -180,9 +180,6 @@ inline void executor::plan(const schedule& s, const op_buffers& b) {
       }
       if (st.action != recv_action::none) {
         if (tt.send_peer >= 0 && same_start(ts.send, ss.recv)) ss.recv_after_sends.push_back(tu);
-        if (tt.send_peer >= 0 && st.action == recv_action::copy && same_start(ts.send, ss.local)) {
-          // nothing: reading what a step sends is harmless
-        }
         if (t < i && t_writes &&
             (same_start(ts.recv, ss.recv) ||
              (ss.local.bytes > 0 && same_start(ts.recv, ss.local)))) {
