@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+// The TCP connection's frame parser against hostile and broken byte streams (socketpair peer).
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chorus/transport/tcp.hpp>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace chorus;
+using chorus::detail::frame_header;
+using chorus::detail::tcp_connection;
+
+namespace {
+
+/// A connection under test (rank 0) and the raw socket its peer (rank 1) writes to.
+struct pair_fixture {
+  int raw = -1;
+  std::unique_ptr<tcp_connection> conn;
+
+  pair_fixture() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    detail::set_nonblocking(sv[0]);
+    conn = std::make_unique<tcp_connection>(detail::unique_fd(sv[0]), 0, 1);
+    raw = sv[1];
+  }
+  ~pair_fixture() {
+    if (raw >= 0) ::close(raw);
+  }
+  void write_raw(const void* p, std::size_t n) const {
+    REQUIRE(::send(raw, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n));
+  }
+  /// Pumps until the transfer completes or pump throws; bounded.
+  void pump_until(const transfer& x) const {
+    for (int i = 0; i < 1000 && !x.done; ++i) {
+      conn->readable = true;
+      conn->pump();
+    }
+  }
+};
+
+detail::op_fingerprint fingerprint(std::uint64_t count) {
+  return {7, count, collective::all_reduce, dtype::float32, reduce_op::sum, algo::ring};
+}
+
+errc code_of(const std::function<void()>& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const error& e) {
+    if (what) *what = e.what();
+    return e.code();
+  }
+  FAIL("no chorus::error thrown");
+  return errc::aborted;
+}
+
+}  // namespace
+
+TEST_CASE("a frame split into single bytes still arrives whole") {
+  pair_fixture p;
+  std::vector<float> out(3, 0.0f);
+  transfer x;
+  x.header = detail::make_header(fingerprint(3), 0, 0, 12);
+  x.data = reinterpret_cast<std::byte*>(out.data());
+  x.length = 12;
+  p.conn->post_recv(&x);
+  const float payload[3] = {1.5f, -2.0f, 3.25f};
+  std::vector<unsigned char> bytes(sizeof(frame_header) + 12);
+  std::memcpy(bytes.data(), &x.header, sizeof(frame_header));
+  std::memcpy(bytes.data() + sizeof(frame_header), payload, 12);
+  for (unsigned char b : bytes) {
+    p.write_raw(&b, 1);
+    p.conn->readable = true;
+    p.conn->pump();
+  }
+  CHECK(x.done);
+  CHECK(out == std::vector<float>{1.5f, -2.0f, 3.25f});
+}
+
+TEST_CASE("a frame that arrives before its receive is posted is kept until then") {
+  pair_fixture p;
+  const frame_header h = detail::make_header(fingerprint(1), 0, 0, 4);
+  const float v = 42.0f;
+  p.write_raw(&h, sizeof h);
+  p.write_raw(&v, 4);
+  p.conn->readable = true;
+  p.conn->pump();  // nothing posted: the bytes stay buffered
+  float out = 0;
+  transfer x;
+  x.header = h;
+  x.data = reinterpret_cast<std::byte*>(&out);
+  x.length = 4;
+  p.conn->post_recv(&x);
+  p.pump_until(x);
+  CHECK(x.done);
+  CHECK(out == 42.0f);
+}
+
+TEST_CASE("bytes that are not a chorus frame are a protocol error, before any payload is written") {
+  pair_fixture p;
+  std::vector<unsigned char> garbage(200, 0xab);
+  p.write_raw(garbage.data(), garbage.size());
+  float out[4] = {1, 1, 1, 1};
+  transfer x;
+  x.header = detail::make_header(fingerprint(4), 0, 0, 16);
+  x.data = reinterpret_cast<std::byte*>(out);
+  x.length = 16;
+  p.conn->post_recv(&x);
+  std::string what;
+  CHECK(code_of([&] { p.pump_until(x); }, &what) == errc::protocol);
+  CHECK(what.find("bad magic") != std::string::npos);
+  CHECK(out[0] == 1.0f);
+}
+
+TEST_CASE("a frame of another call is a mismatch naming both calls") {
+  pair_fixture p;
+  frame_header h = detail::make_header(fingerprint(8), 0, 0, 32);
+  p.write_raw(&h, sizeof h);
+  std::vector<float> out(4);
+  transfer x;
+  x.header = detail::make_header(fingerprint(4), 0, 0, 16);
+  x.data = reinterpret_cast<std::byte*>(out.data());
+  x.length = 16;
+  p.conn->post_recv(&x);
+  std::string what;
+  CHECK(code_of([&] { p.pump_until(x); }, &what) == errc::mismatch);
+  CHECK(what.find("count=8") != std::string::npos);
+  CHECK(what.find("count=4") != std::string::npos);
+}
+
+TEST_CASE("a huge length in a header is rejected without allocating or reading it") {
+  pair_fixture p;
+  frame_header h = detail::make_header(fingerprint(4), 0, 0, 16);
+  h.length = 0xffffffffu;
+  p.write_raw(&h, sizeof h);
+  std::vector<float> out(4);
+  transfer x;
+  x.header = detail::make_header(fingerprint(4), 0, 0, 16);
+  x.data = reinterpret_cast<std::byte*>(out.data());
+  x.length = 16;
+  p.conn->post_recv(&x);
+  CHECK(code_of([&] { p.pump_until(x); }) == errc::protocol);
+}
+
+TEST_CASE("an abort frame becomes remote_error carrying the peer's message") {
+  pair_fixture p;
+  const std::string text = "rank 1 ran out of memory";
+  frame_header h{};
+  h.magic = detail::frame_magic;
+  h.kind = detail::frame_abort;
+  h.length = static_cast<std::uint32_t>(text.size());
+  p.write_raw(&h, sizeof h);
+  p.write_raw(text.data(), text.size());
+  std::string what;
+  CHECK(code_of([&] {
+          p.conn->readable = true;
+          p.conn->pump();  // noticed even with no receive posted
+        }, &what) == errc::remote_error);
+  CHECK(what.find(text) != std::string::npos);
+}
+
+TEST_CASE("an abort frame longer than 4 KiB is a protocol error") {
+  pair_fixture p;
+  frame_header h{};
+  h.magic = detail::frame_magic;
+  h.kind = detail::frame_abort;
+  h.length = 1u << 30;
+  p.write_raw(&h, sizeof h);
+  CHECK(code_of([&] {
+          p.conn->readable = true;
+          p.conn->pump();
+        }) == errc::protocol);
+}
+
+TEST_CASE("EOF in the middle of a frame is connection_lost naming the peer") {
+  pair_fixture p;
+  const frame_header h = detail::make_header(fingerprint(4), 0, 0, 16);
+  p.write_raw(&h, sizeof h);
+  p.write_raw("abcd", 4);  // 4 of 16 payload bytes
+  ::close(p.raw);
+  p.raw = -1;
+  std::vector<float> out(4);
+  transfer x;
+  x.header = h;
+  x.data = reinterpret_cast<std::byte*>(out.data());
+  x.length = 16;
+  p.conn->post_recv(&x);
+  std::string what;
+  CHECK(code_of([&] { p.pump_until(x); }, &what) == errc::connection_lost);
+  CHECK(what.find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("EOF between frames after the last one is delivered is a quiet goodbye") {
+  pair_fixture p;
+  const frame_header h = detail::make_header(fingerprint(1), 0, 0, 4);
+  const float v = 5.0f;
+  p.write_raw(&h, sizeof h);
+  p.write_raw(&v, 4);
+  ::close(p.raw);
+  p.raw = -1;
+  p.conn->readable = true;
+  CHECK_NOTHROW(p.conn->pump());  // nothing posted yet, the peer has left: not an error
+  float out = 0;
+  transfer x;
+  x.header = h;
+  x.data = reinterpret_cast<std::byte*>(&out);
+  x.length = 4;
+  p.conn->post_recv(&x);
+  CHECK_NOTHROW(p.pump_until(x));
+  CHECK(x.done);
+  CHECK(out == 5.0f);
+}
