@@ -73,8 +73,9 @@ class request {
   request() = default;
   explicit request(std::shared_ptr<detail::op_state> s) : s_(std::move(s)) {}
 
-  /// Blocks until the operation completes; rethrows its chorus::error. The operation's own
-  /// deadline (communicator_options::timeout) bounds the wait.
+  /// Blocks until the operation completes; rethrows its chorus::error. Each operation's
+  /// deadline (communicator_options::timeout) starts when the progress engine starts it, so
+  /// waiting on the k-th queued operation is bounded by about k timeouts.
   void wait() {
     if (!s_) return;
     std::unique_lock lk(s_->m);

@@ -159,3 +159,16 @@ TEST_CASE("every rank gets bit-identical float results from random non-integer d
     }
   });
 }
+
+TEST_CASE("recursive doubling with slices larger than the socket buffers does not deadlock") {
+  // Each rank posts its reducing receive before its own send of the slice has left: the
+  // send can only drain once the peer reads.
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      check_all_reduce<float>(comm, reduce_op::sum, std::size_t{1} << 22, 0, true, algo::recursive_doubling, 50);
+      check_all_reduce<float>(comm, reduce_op::max, std::size_t{1} << 22, 0, false, algo::recursive_doubling, 51);
+    }, {.deadline = std::chrono::seconds(60),
+        .env = {{"CHORUS_TCP_BUFFER", "65536"}, {"CHORUS_SLICE_BYTES", "8388608"}, {"CHORUS_TIMEOUT", "20"}}});
+  }
+}

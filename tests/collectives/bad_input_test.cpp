@@ -113,6 +113,14 @@ TEST_CASE("bad arguments are rejected with invalid_argument before anything is s
     RANK_CHECK_THROWS_CODE(comm.reduce_scatter(std::span<const float>(f), std::span(f).first(3)), errc::invalid_argument);
     RANK_CHECK_THROWS_CODE(comm.all_gather(std::span<const float>(f).first(4), std::span(f).first(7)), errc::invalid_argument);
     RANK_CHECK_THROWS_CODE(comm.all_reduce(f.data(), f.data() + 1, 4, dtype::float32), errc::invalid_argument);
+    // reduce_scatter in place means out == in + rank * count; out == in is that only on rank 0.
+    if (comm.rank() != 0) {
+      RANK_CHECK_THROWS_CODE(comm.reduce_scatter(f.data(), f.data(), 4, dtype::float32), errc::invalid_argument);
+    }
+    // all_gather in place means in == out + rank * count.
+    if (comm.rank() != 0) {
+      RANK_CHECK_THROWS_CODE(comm.all_gather(f.data(), f.data(), 4, dtype::float32), errc::invalid_argument);
+    }
     RANK_CHECK_THROWS_CODE(comm.all_reduce(f.data(), f.data(), 4, static_cast<dtype>(77)), errc::invalid_argument);
     RANK_CHECK_THROWS_CODE(comm.all_reduce(f.data(), f.data(), 4, dtype::float32, {.op = static_cast<reduce_op>(9)}), errc::invalid_argument);
     RANK_CHECK_THROWS_CODE(comm.all_gather(std::span<const float>(f).first(4), std::span(f), {.algorithm = algo::recursive_doubling}), errc::invalid_argument);

@@ -111,9 +111,20 @@ struct communicator::impl {
         transport->abort(e.what());  // let the peers fail now rather than at their timeouts
       }
       d.state->finish(eptr);
+    } catch (const std::exception& e) {
+      // std::bad_alloc and the like: this rank cannot go on, so neither can its peers.
+      auto eptr = std::current_exception();
+      if (!broken) {
+        broken = eptr;
+        transport->abort(e.what());
+      }
+      d.state->finish(eptr);
     } catch (...) {
       auto eptr = std::current_exception();
-      if (!broken) broken = eptr;
+      if (!broken) {
+        broken = eptr;
+        transport->abort("unknown exception");
+      }
       d.state->finish(eptr);
     }
   }
@@ -193,7 +204,9 @@ struct communicator::impl {
     const auto out = reinterpret_cast<std::uintptr_t>(d.out);
     const bool overlap = in < out + out_bytes && out < in + in_bytes;
     const std::uintptr_t own = d.count * es * static_cast<std::size_t>(info.rank);
-    const bool in_place = in == out ||
+    // In place means NCCL's forms: all_reduce in == out; all_gather in == out + rank * count;
+    // reduce_scatter out == in + rank * count. Anything else that overlaps is refused.
+    const bool in_place = (d.kind == collective::all_reduce && in == out) ||
                           (d.kind == collective::all_gather && in == out + own) ||
                           (d.kind == collective::reduce_scatter && out == in + own);
     if (d.count > 0 && overlap && !in_place) {

@@ -90,8 +90,25 @@ class executor {
   bool sent_upto(std::uint32_t t, std::size_t k) const {
     return steps_[t].send_done >= std::min(k + 1, steps_[t].send_slices);
   }
+  /// May slice k of this step's destination be written now?
+  bool hazards_clear(const step_state& ss, std::size_t k) const {
+    for (auto t : ss.recv_after_sends) {
+      if (!sent_upto(t, k)) return false;
+    }
+    for (auto t : ss.recv_after_writes) {
+      if (!written_upto(t, k)) return false;
+    }
+    return true;
+  }
 
-  place resolve(const region& r, const op_buffers& b, std::size_t alias_offset, bool aliased);
+  /// How input and output overlap: not at all, or one wholly inside the other (in-place
+  /// calls). Overlapping buffers share one identity so that hazards between them are tracked.
+  struct aliasing {
+    bool input_in_output = false;  // all_reduce, all_gather in place
+    bool output_in_input = false;  // reduce_scatter in place
+    std::size_t offset = 0;        // bytes from the outer buffer's start to the inner one
+  };
+  place resolve(const region& r, const op_buffers& b, const aliasing& a);
   void plan(const schedule& s, const op_buffers& b);
   bool advance(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b);
   [[noreturn]] void fail_timeout(const schedule& s, const detail::op_fingerprint& fp,
@@ -113,7 +130,7 @@ class executor {
 // ---------------------------------------------------------------------------------------
 
 inline executor::place executor::resolve(const region& r, const op_buffers& b,
-                                         std::size_t alias_offset, bool aliased) {
+                                         const aliasing& a) {
   place p;
   p.bytes = r.count * b.elem_size;
   const std::size_t off = r.offset * b.elem_size;
@@ -121,13 +138,13 @@ inline executor::place executor::resolve(const region& r, const op_buffers& b,
     case buffer_id::input:
       // The input is only read; const_cast lets one place type serve sends and copies.
       p.ptr = const_cast<std::byte*>(b.input) + off;
-      p.canon = aliased ? 1 : 0;
-      p.start = aliased ? off + alias_offset : off;
+      p.canon = a.input_in_output ? 1 : 0;
+      p.start = a.input_in_output ? off + a.offset : off;
       break;
     case buffer_id::output:
       p.ptr = b.output + off;
-      p.canon = 1;
-      p.start = off;
+      p.canon = a.output_in_input ? 0 : 1;
+      p.start = a.output_in_input ? off + a.offset : off;
       break;
     case buffer_id::scratch:
       p.ptr = scratch_.data() + off;
@@ -139,11 +156,16 @@ inline executor::place executor::resolve(const region& r, const op_buffers& b,
 }
 
 inline void executor::plan(const schedule& s, const op_buffers& b) {
-  // An input that lies inside the output (in-place calls) is the same memory: hazards between
-  // the two must be tracked as one buffer.
-  const bool aliased = b.input_bytes > 0 && b.input >= b.output &&
-                       b.input + b.input_bytes <= b.output + b.output_bytes;
-  const std::size_t alias_offset = aliased ? static_cast<std::size_t>(b.input - b.output) : 0;
+  aliasing a;
+  if (b.input_bytes > 0 && b.output_bytes > 0) {
+    if (b.input >= b.output && b.input + b.input_bytes <= b.output + b.output_bytes) {
+      a.input_in_output = true;
+      a.offset = static_cast<std::size_t>(b.input - b.output);
+    } else if (b.output >= b.input && b.output + b.output_bytes <= b.input + b.input_bytes) {
+      a.output_in_input = true;
+      a.offset = static_cast<std::size_t>(b.output - b.input);
+    }
+  }
 
   steps_.clear();
   steps_.resize(s.steps.size());
@@ -151,24 +173,24 @@ inline void executor::plan(const schedule& s, const op_buffers& b) {
     const step& st = s.steps[i];
     step_state& ss = steps_[i];
     if (st.send_peer >= 0) {
-      ss.send = resolve(st.send_from, b, alias_offset, aliased);
+      ss.send = resolve(st.send_from, b, a);
       ss.send_slices = slices_of(ss.send.bytes, slice_);
     }
     if (st.action != recv_action::none) {
-      ss.recv = resolve(st.recv_into, b, alias_offset, aliased);
+      ss.recv = resolve(st.recv_into, b, a);
       ss.recv_slices = st.action == recv_action::copy ? 1 : slices_of(ss.recv.bytes, slice_);
       if (st.action == recv_action::reduce || st.action == recv_action::copy) {
-        ss.local = resolve(st.reduce_with, b, alias_offset, aliased);
+        ss.local = resolve(st.reduce_with, b, a);
       }
     }
-    auto same_start = [&](const place& a, const place& c) {
-      if (overlaps(a, c) && a.start != c.start) {
+    auto same_start = [&](const place& x, const place& c) {
+      if (overlaps(x, c) && x.start != c.start) {
         throw error(errc::invalid_argument,
                     "schedule bug: step " + std::to_string(i) +
                         " touches a region that overlaps another without starting at the same "
                         "offset (see schedule.hpp)");
       }
-      return overlaps(a, c);
+      return overlaps(x, c);
     };
     for (std::size_t t = 0; t <= i; ++t) {
       const step_state& ts = steps_[t];
@@ -180,9 +202,13 @@ inline void executor::plan(const schedule& s, const op_buffers& b) {
       }
       if (st.action != recv_action::none) {
         if (tt.send_peer >= 0 && same_start(ts.send, ss.recv)) ss.recv_after_sends.push_back(tu);
+        // Earlier writes of what we overwrite or reduce with, and earlier steps that read
+        // what we overwrite as their local operand: a step counts a slice written only after
+        // it applied it, which is also after it read its local operand.
         if (t < i && t_writes &&
             (same_start(ts.recv, ss.recv) ||
-             (ss.local.bytes > 0 && same_start(ts.recv, ss.local)))) {
+             (ss.local.bytes > 0 && same_start(ts.recv, ss.local)) ||
+             (ts.local.bytes > 0 && same_start(ts.local, ss.recv)))) {
           ss.recv_after_writes.push_back(tu);
         }
       }
@@ -203,6 +229,7 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
   while (!recvs_.empty() && recvs_.front().x.done) {
     const inflight& f = recvs_.front();
     step_state& ss = steps_[f.step];
+    if (s.steps[f.step].action == recv_action::reduce && !hazards_clear(ss, f.slice)) break;
     if (s.steps[f.step].action == recv_action::reduce && f.x.length > 0) {
       const std::size_t off = f.slice * slice_;
       b.reduce(ss.recv.ptr + off, ss.local.ptr + off, f.x.data, f.x.length / b.elem_size);
@@ -257,10 +284,11 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
       continue;
     }
     const std::size_t k = ss.recv_posted;
-    bool ready = true;
-    for (auto t : ss.recv_after_sends) ready = ready && sent_upto(t, k);
-    for (auto t : ss.recv_after_writes) ready = ready && written_upto(t, k);
-    if (!ready) break;
+    // A storing receive writes its destination as bytes arrive, so its hazards must be clear
+    // before it is posted. A reducing one lands in staging and checks them when it applies
+    // (step 1): were it posted only after this step's own send of the slice went out, two
+    // ranks exchanging slices larger than their socket buffers would wait on each other.
+    if (st.action == recv_action::store && !hazards_clear(ss, k)) break;
     inflight& f = recvs_.emplace_back();
     const std::size_t len = slice_len(ss.recv, k);
     f.step = static_cast<std::uint32_t>(recv_step_);
