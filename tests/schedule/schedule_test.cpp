@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <string>
 #include <vector>
@@ -26,17 +27,30 @@ std::vector<std::size_t> counts_for(int n) {
   return {0, 1, nn - 1, nn, 2 * nn + 1, 3 * nn + 2};
 }
 
-std::string check_all_reduce(const maker& make, int n, std::size_t count) {
+/// Runs every rank's schedule `make(r, n, arg)` symbolically. Rank r contributes `in_count`
+/// elements numbered from first(r); output and scratch start unwritten. Returns the checker's
+/// complaint, or nothing with every rank's buffers in `ranks`.
+std::optional<std::string> simulate(const maker& make, int n, std::size_t arg,
+                                    std::size_t in_count, std::size_t out_count,
+                                    const std::function<long(int)>& first,
+                                    std::vector<test::symbolic_rank>& ranks) {
   std::vector<schedule> scheds;
-  std::vector<test::symbolic_rank> ranks(static_cast<std::size_t>(n));
+  ranks.assign(static_cast<std::size_t>(n), {});
   for (int r = 0; r < n; ++r) {
-    scheds.push_back(make(r, n, count));
+    scheds.push_back(make(r, n, arg));
     auto& me = ranks[static_cast<std::size_t>(r)];
-    me.input = test::contribution(r, n, count);
-    me.output = test::unwritten(n, count);
+    me.input = test::contribution(r, n, in_count, first(r));
+    me.output = test::unwritten(n, out_count);
     me.scratch = test::unwritten(n, scheds.back().scratch_count);
   }
-  if (auto e = test::run_symbolic(scheds, ranks)) return *e;
+  return test::run_symbolic(scheds, ranks);
+}
+
+long from_zero(int) { return 0; }
+
+std::string check_all_reduce(const maker& make, int n, std::size_t count) {
+  std::vector<test::symbolic_rank> ranks;
+  if (auto e = simulate(make, n, count, count, count, from_zero, ranks)) return *e;
   const std::vector<int> once(static_cast<std::size_t>(n), 1);
   for (int r = 0; r < n; ++r) {
     const auto& out = ranks[static_cast<std::size_t>(r)].output;
@@ -75,16 +89,9 @@ TEST_CASE("ring reduce_scatter leaves block r fully reduced on rank r, n = 1..64
       CAPTURE(n);
       CAPTURE(block);
       const auto nn = static_cast<std::size_t>(n);
-      std::vector<schedule> scheds;
-      std::vector<test::symbolic_rank> ranks(nn);
-      for (int r = 0; r < n; ++r) {
-        scheds.push_back(ring_reduce_scatter(r, n, block));
-        auto& me = ranks[static_cast<std::size_t>(r)];
-        me.input = test::contribution(r, n, block * nn);
-        me.output = test::unwritten(n, block);
-        me.scratch = test::unwritten(n, scheds.back().scratch_count);
-      }
-      REQUIRE(test::run_symbolic(scheds, ranks) == std::nullopt);
+      std::vector<test::symbolic_rank> ranks;
+      REQUIRE(simulate(ring_reduce_scatter, n, block, block * nn, block, from_zero, ranks) ==
+              std::nullopt);
       const std::vector<int> once(nn, 1);
       for (int r = 0; r < n; ++r) {
         for (std::size_t i = 0; i < block; ++i) {
@@ -103,15 +110,10 @@ TEST_CASE("ring all_gather delivers every rank's block to every rank, n = 1..64"
       CAPTURE(n);
       CAPTURE(block);
       const auto nn = static_cast<std::size_t>(n);
-      std::vector<schedule> scheds;
-      std::vector<test::symbolic_rank> ranks(nn);
-      for (int r = 0; r < n; ++r) {
-        scheds.push_back(ring_all_gather(r, n, block));
-        auto& me = ranks[static_cast<std::size_t>(r)];
-        me.input = test::contribution(r, n, block, static_cast<long>(static_cast<std::size_t>(r) * block));
-        me.output = test::unwritten(n, block * nn);
-      }
-      REQUIRE(test::run_symbolic(scheds, ranks) == std::nullopt);
+      auto own_block = [block](int r) { return static_cast<long>(static_cast<std::size_t>(r) * block); };
+      std::vector<test::symbolic_rank> ranks;
+      REQUIRE(simulate(ring_all_gather, n, block, block, block * nn, own_block, ranks) ==
+              std::nullopt);
       for (int r = 0; r < n; ++r) {
         for (std::size_t i = 0; i < block * nn; ++i) {
           const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];

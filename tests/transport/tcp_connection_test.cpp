@@ -49,6 +49,16 @@ detail::op_fingerprint fingerprint(std::uint64_t count) {
   return {7, count, collective::all_reduce, dtype::float32, reduce_op::sum, algo::ring};
 }
 
+/// A receive of `count` floats into `out`, expecting slice 0 of op 7 with that count.
+transfer float_recv(std::vector<float>& out, std::size_t count) {
+  out.assign(count, 0.0f);
+  transfer x;
+  x.header = detail::make_header(fingerprint(count), 0, 0, static_cast<std::uint32_t>(count * 4));
+  x.data = reinterpret_cast<std::byte*>(out.data());
+  x.length = count * 4;
+  return x;
+}
+
 errc code_of(const std::function<void()>& f, std::string* what = nullptr) {
   try {
     f();
@@ -122,11 +132,8 @@ TEST_CASE("a frame of another call is a mismatch naming both calls") {
   pair_fixture p;
   frame_header h = detail::make_header(fingerprint(8), 0, 0, 32);
   p.write_raw(&h, sizeof h);
-  std::vector<float> out(4);
-  transfer x;
-  x.header = detail::make_header(fingerprint(4), 0, 0, 16);
-  x.data = reinterpret_cast<std::byte*>(out.data());
-  x.length = 16;
+  std::vector<float> out;
+  transfer x = float_recv(out, 4);
   p.conn->post_recv(&x);
   std::string what;
   CHECK(code_of([&] { p.pump_until(x); }, &what) == errc::mismatch);
@@ -139,11 +146,8 @@ TEST_CASE("a huge length in a header is rejected without allocating or reading i
   frame_header h = detail::make_header(fingerprint(4), 0, 0, 16);
   h.length = 0xffffffffu;
   p.write_raw(&h, sizeof h);
-  std::vector<float> out(4);
-  transfer x;
-  x.header = detail::make_header(fingerprint(4), 0, 0, 16);
-  x.data = reinterpret_cast<std::byte*>(out.data());
-  x.length = 16;
+  std::vector<float> out;
+  transfer x = float_recv(out, 4);
   p.conn->post_recv(&x);
   CHECK(code_of([&] { p.pump_until(x); }) == errc::protocol);
 }
@@ -185,11 +189,8 @@ TEST_CASE("EOF in the middle of a frame is connection_lost naming the peer") {
   p.write_raw("abcd", 4);  // 4 of 16 payload bytes
   ::close(p.raw);
   p.raw = -1;
-  std::vector<float> out(4);
-  transfer x;
-  x.header = h;
-  x.data = reinterpret_cast<std::byte*>(out.data());
-  x.length = 16;
+  std::vector<float> out;
+  transfer x = float_recv(out, 4);
   p.conn->post_recv(&x);
   std::string what;
   CHECK(code_of([&] { p.pump_until(x); }, &what) == errc::connection_lost);
