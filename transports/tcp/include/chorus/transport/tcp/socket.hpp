@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -15,6 +14,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <system_error>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -64,21 +65,16 @@ struct sock_addr {
   }
 };
 
-/// Resolves a numeric or named host and a port.
+/// Resolves a numeric or named host and a port: the first address store_resolve finds.
 inline sock_addr resolve(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    throw error(errc::invalid_argument,
-                "cannot resolve '" + host + "': " + ::gai_strerror(rc), {}, std::nullopt,
-                "getaddrinfo");
+  std::string reason;
+  const auto found = store_resolve(host, port, reason);
+  if (found.empty()) {
+    throw error(errc::invalid_argument, reason, {}, std::nullopt, "getaddrinfo");
   }
   sock_addr a;
-  std::memcpy(&a.storage, res->ai_addr, res->ai_addrlen);
-  a.length = res->ai_addrlen;
-  ::freeaddrinfo(res);
+  a.storage = found.front().storage;
+  a.length = found.front().length;
   return a;
 }
 
@@ -92,8 +88,14 @@ inline sock_addr parse_host_port(const std::string& s) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  const unsigned long port = std::stoul(s.substr(colon + 1));
-  if (port == 0 || port > 65535) throw error(errc::protocol, "bad port in '" + s + "'");
+  // The store is written by peers: parse without exceptions other than chorus::error.
+  unsigned long port = 0;
+  const char* first = s.data() + colon + 1;
+  const char* last = s.data() + s.size();
+  const auto [end, ec] = std::from_chars(first, last, port);
+  if (ec != std::errc{} || end != last || port == 0 || port > 65535) {
+    throw error(errc::protocol, "bad port in '" + s + "'");
+  }
   return resolve(host, static_cast<std::uint16_t>(port));
 }
 
