@@ -36,6 +36,11 @@ struct pair_fixture {
   void write_raw(const void* p, std::size_t n) const {
     REQUIRE(::send(raw, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n));
   }
+  /// Writes one frame: `h`, then `payload` (h.length bytes of it).
+  void write_frame(const frame_header& h, const void* payload) const {
+    write_raw(&h, sizeof h);
+    if (h.length > 0) write_raw(payload, h.length);
+  }
   /// Pumps until the transfer completes or pump throws; bounded.
   void pump_until(const transfer& x) const {
     for (int i = 0; i < 1000 && !x.done; ++i) {
@@ -95,21 +100,16 @@ TEST_CASE("a frame split into single bytes still arrives whole") {
 
 TEST_CASE("a frame that arrives before its receive is posted is kept until then") {
   pair_fixture p;
-  const frame_header h = detail::make_header(fingerprint(1), 0, 0, 4);
   const float v = 42.0f;
-  p.write_raw(&h, sizeof h);
-  p.write_raw(&v, 4);
+  p.write_frame(detail::make_header(fingerprint(1), 0, 0, 4), &v);
   p.conn->readable = true;
   p.conn->pump();  // nothing posted: the bytes stay buffered
-  float out = 0;
-  transfer x;
-  x.header = h;
-  x.data = reinterpret_cast<std::byte*>(&out);
-  x.length = 4;
+  std::vector<float> out;
+  transfer x = float_recv(out, 1);
   p.conn->post_recv(&x);
   p.pump_until(x);
   CHECK(x.done);
-  CHECK(out == 42.0f);
+  CHECK(out[0] == 42.0f);
 }
 
 TEST_CASE("bytes that are not a chorus frame are a protocol error, before any payload is written") {
@@ -199,21 +199,16 @@ TEST_CASE("EOF in the middle of a frame is connection_lost naming the peer") {
 
 TEST_CASE("EOF between frames after the last one is delivered is a quiet goodbye") {
   pair_fixture p;
-  const frame_header h = detail::make_header(fingerprint(1), 0, 0, 4);
   const float v = 5.0f;
-  p.write_raw(&h, sizeof h);
-  p.write_raw(&v, 4);
+  p.write_frame(detail::make_header(fingerprint(1), 0, 0, 4), &v);
   ::close(p.raw);
   p.raw = -1;
   p.conn->readable = true;
   CHECK_NOTHROW(p.conn->pump());  // nothing posted yet, the peer has left: not an error
-  float out = 0;
-  transfer x;
-  x.header = h;
-  x.data = reinterpret_cast<std::byte*>(&out);
-  x.length = 4;
+  std::vector<float> out;
+  transfer x = float_recv(out, 1);
   p.conn->post_recv(&x);
   CHECK_NOTHROW(p.pump_until(x));
   CHECK(x.done);
-  CHECK(out == 5.0f);
+  CHECK(out[0] == 5.0f);
 }
