@@ -10,7 +10,7 @@
 #pragma once
 
 #include <chorus/chorus.hpp>
-#include <chorus/transport/tcp.hpp>
+#include <chorus/transport/auto.hpp>
 
 #include <algorithm>
 #include <array>
@@ -86,7 +86,7 @@ inline void print_help(collective c, std::FILE* f) {
                "      --json FILE       rank 0 also writes the rows to FILE as a JSON array\n"
                "  -h, --help            this text\n"
                "environment:\n"
-               "  CHORUS_TRANSPORT      tcp (default tcp)\n"
+               "  CHORUS_TRANSPORT      auto tcp shm (default auto: shm inside a node, tcp between)\n"
                "  CHORUS_ALGO           auto ring rd (= recursive_doubling) (default auto)\n"
                "  CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_MASTER_ADDR, CHORUS_MASTER_PORT, ...\n"
                "                        as for every chorus program\n"
@@ -246,7 +246,7 @@ inline options parse_args(collective c, int argc, char** argv) {
 // --- environment -------------------------------------------------------------------------
 
 /// Transports this binary is linked with; CHORUS_TRANSPORT picks one.
-inline constexpr std::array<std::string_view, 1> transport_names{"tcp"};
+inline constexpr std::array<std::string_view, 3> transport_names{"auto", "tcp", "shm"};
 
 inline std::string transport_from_env() {
   const char* env = std::getenv("CHORUS_TRANSPORT");
@@ -290,8 +290,9 @@ inline int launcher_rank() {
 
 /// Guaranteed copy elision: the communicator is built in the caller's variable.
 inline chorus::communicator make_communicator(const std::string& transport) {
-  if (transport == "tcp") return chorus::communicator::from_env<chorus::tcp_transport>();
-  throw usage_error(cat({"no transport named ", transport}));
+  // auto_transport reads CHORUS_TRANSPORT itself (auto, tcp or shm), already validated.
+  (void)transport;
+  return chorus::communicator::from_env<chorus::auto_transport>();
 }
 
 // --- size sweep ----------------------------------------------------------------------------

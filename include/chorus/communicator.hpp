@@ -12,6 +12,7 @@
 
 #include "chorus/bootstrap/env.hpp"
 #include "chorus/bootstrap/store.hpp"
+#include "chorus/bootstrap/topology.hpp"
 #include "chorus/collectives.hpp"
 #include "chorus/concepts.hpp"
 #include "chorus/executor/executor.hpp"
@@ -66,8 +67,15 @@ class communicator {
 
   int rank() const noexcept;
   int size() const noexcept;
+  /// This rank's position among the ranks of its node, and their number (from the
+  /// discovered topology, which is what shared memory and the hierarchical algorithms use).
   int local_rank() const noexcept;
   int local_size() const noexcept;
+  /// The node this rank is on, in [0, nodes()).
+  int node() const noexcept;
+  int nodes() const noexcept;
+  /// Every rank's node; see chorus::topology.
+  const chorus::topology& topo() const noexcept;
   std::string transport_name() const;
   /// One line on how data moves, e.g. "tcp conns 4 via 127.0.0.1, slice 512 KiB, window 8".
   std::string describe() const;
@@ -141,7 +149,8 @@ class communicator {
 
  private:
   explicit communicator(std::unique_ptr<impl> p);
-  static communicator make(const launch_info& info, std::shared_ptr<tcp_store> store,
+  static communicator make(const launch_info& info, topology topo,
+                           std::shared_ptr<tcp_store> store,
                            std::unique_ptr<detail::any_transport> t, communicator_options opts);
   static void check_sizes(const char* call, std::size_t small, std::size_t big, int factor);
 
@@ -152,8 +161,14 @@ template <class T>
 communicator communicator::create(const launch_info& info, std::shared_ptr<tcp_store> store,
                                   communicator_options opts) {
   static_assert(transport<T>, "chorus: T does not satisfy chorus::transport (see concepts.hpp)");
-  auto t = std::make_unique<detail::transport_model<T>>(T::connect(*store, info));
-  return make(info, std::move(store), std::move(t), opts);
+  topology topo = discover_topology(*store, info);
+  std::unique_ptr<detail::any_transport> t;
+  if constexpr (requires { T::connect(*store, info, topo); }) {
+    t = std::make_unique<detail::transport_model<T>>(T::connect(*store, info, topo));
+  } else {
+    t = std::make_unique<detail::transport_model<T>>(T::connect(*store, info));
+  }
+  return make(info, std::move(topo), std::move(store), std::move(t), opts);
 }
 
 template <class T>

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,13 @@ struct transfer {
   std::byte* data = nullptr;      ///< payload (send: read from; recv: written to)
   std::size_t length = 0;         ///< payload bytes, equal to header.length
   bool done = false;              ///< set by the transport when the buffer may be reused
+  /// recv only, set by the executor: the transport may complete this receive by pointing
+  /// `data` at the payload in its own memory (setting `lent`) instead of copying it out.
+  bool lendable = false;
+  /// Set by a transport that lent its memory; the executor reads `data` and then calls
+  /// release(peer, this), in posting order per peer. Saves a copy of every reduced slice
+  /// on shared memory, where copies are the whole cost.
+  bool lent = false;
 };
 
 using clock = std::chrono::steady_clock;
@@ -41,6 +49,9 @@ using clock = std::chrono::steady_clock;
 ///    bytes that are not a frame errc::protocol, a peer's abort frame errc::remote_error.
 /// 6. `abort(message)` tells every peer, best effort and in bounded time, that this rank
 ///    failed, so their pending operations fail at once instead of at their timeouts.
+/// 7. Optionally, `release(peer, t)` takes back memory lent to a receive (`transfer::lent`);
+///    a transport without it never lends. Optionally, `max_slice_bytes()` caps the slices
+///    the executor cuts (a shared-memory ring must hold several at once).
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, transfer* x, clock::time_point d,
                              const std::string& msg) {
@@ -71,6 +82,8 @@ class any_transport {
   virtual bool progress() = 0;
   virtual void wait(clock::time_point deadline) = 0;
   virtual void abort(const std::string& message) noexcept = 0;
+  virtual void release(int peer, transfer* x) = 0;
+  virtual std::size_t max_slice_bytes() const = 0;
 };
 
 template <transport T>
@@ -86,6 +99,16 @@ class transport_model final : public any_transport {
   bool progress() override { return t_.progress(); }
   void wait(clock::time_point deadline) override { t_.wait(deadline); }
   void abort(const std::string& message) noexcept override { t_.abort(message); }
+  void release(int peer, transfer* x) override {
+    if constexpr (requires { t_.release(peer, x); }) t_.release(peer, x);
+  }
+  std::size_t max_slice_bytes() const override {
+    if constexpr (requires { t_.max_slice_bytes(); }) {
+      return t_.max_slice_bytes();
+    } else {
+      return SIZE_MAX;
+    }
+  }
 
  private:
   T t_;

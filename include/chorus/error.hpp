@@ -2,7 +2,9 @@
 // The one error type of chorus: what went wrong, on which rank(s), in which operation.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -75,4 +77,12 @@ class error : public std::runtime_error {
   std::string call_;
 };
 
+namespace detail {
+
+/// errc::system for a failed system call, with errno's text: "shm_open(/chorus-1): Permission denied".
+inline error sys_error(const std::string& what, int err = errno) {
+  return error(errc::system, what + ": " + std::strerror(err), {}, std::nullopt, what);
+}
+
+}  // namespace detail
 }  // namespace chorus

@@ -59,6 +59,7 @@ struct op_desc {
 
 struct communicator::impl {
   launch_info info;
+  topology topo;
   std::shared_ptr<tcp_store> store;
   std::unique_ptr<detail::any_transport> transport;
   communicator_options opts;
@@ -74,18 +75,19 @@ struct communicator::impl {
   std::thread worker;
   std::exception_ptr broken;  // the first failure: later operations fail with it
 
-  impl(const launch_info& i, std::shared_ptr<tcp_store> s,
+  impl(const launch_info& i, topology tp, std::shared_ptr<tcp_store> s,
        std::unique_ptr<detail::any_transport> t, communicator_options o)
       : info(i),
+        topo(std::move(tp)),
         store(std::move(s)),
         transport(std::move(t)),
-        opts(resolve(o, i)),
+        opts(resolve(o, std::max(i.local_size, topo.local_size()))),
         exec(*transport, opts.exec) {}
 
-  static communicator_options resolve(communicator_options o, const launch_info& i) {
+  static communicator_options resolve(communicator_options o, int ranks_here) {
     const auto cores = std::max(1u, std::thread::hardware_concurrency());
     o.exec.spin = o.spin ? *o.spin
-                         : (static_cast<unsigned>(i.local_size) > cores ? std::chrono::microseconds(0)
+                         : (static_cast<unsigned>(ranks_here) > cores ? std::chrono::microseconds(0)
                                                                         : o.exec.spin);
     return o;
   }
@@ -264,10 +266,12 @@ inline communicator::communicator(communicator&&) noexcept = default;
 inline communicator& communicator::operator=(communicator&&) noexcept = default;
 inline communicator::~communicator() = default;
 
-inline communicator communicator::make(const launch_info& info, std::shared_ptr<tcp_store> store,
+inline communicator communicator::make(const launch_info& info, topology topo,
+                                       std::shared_ptr<tcp_store> store,
                                        std::unique_ptr<detail::any_transport> t,
                                        communicator_options opts) {
-  return communicator(std::make_unique<impl>(info, std::move(store), std::move(t), opts));
+  return communicator(
+      std::make_unique<impl>(info, std::move(topo), std::move(store), std::move(t), opts));
 }
 
 inline void communicator::check_sizes(const char* call, std::size_t small, std::size_t big,
@@ -284,8 +288,11 @@ inline void communicator::check_sizes(const char* call, std::size_t small, std::
 
 inline int communicator::rank() const noexcept { return p_->info.rank; }
 inline int communicator::size() const noexcept { return p_->info.size; }
-inline int communicator::local_rank() const noexcept { return p_->info.local_rank; }
-inline int communicator::local_size() const noexcept { return p_->info.local_size; }
+inline int communicator::local_rank() const noexcept { return p_->topo.local_rank(); }
+inline int communicator::local_size() const noexcept { return p_->topo.local_size(); }
+inline int communicator::node() const noexcept { return p_->topo.node(); }
+inline int communicator::nodes() const noexcept { return p_->topo.nodes(); }
+inline const topology& communicator::topo() const noexcept { return p_->topo; }
 inline std::string communicator::transport_name() const { return p_->transport->name(); }
 inline std::string communicator::describe() const {
   return p_->transport->describe() + ", slice " +

@@ -227,13 +227,26 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
     moved = true;
   }
   while (!recvs_.empty() && recvs_.front().x.done) {
-    const inflight& f = recvs_.front();
+    inflight& f = recvs_.front();
     step_state& ss = steps_[f.step];
-    if (s.steps[f.step].action == recv_action::reduce && !hazards_clear(ss, f.slice)) break;
+    const int peer = s.steps[f.step].recv_peer;
+    if (s.steps[f.step].action == recv_action::reduce && !hazards_clear(ss, f.slice)) {
+      if (f.x.lent) {
+        // Lent memory must not wait on our hazards: the peer may need that room before it
+        // can send what clears them. Take a copy into our own slot and give it back.
+        std::byte* own = staging_.data() + f.slot * slice_;
+        std::memcpy(own, f.x.data, f.x.length);
+        transport_.release(peer, &f.x);
+        f.x.data = own;
+        f.x.lent = false;
+      }
+      break;
+    }
     if (s.steps[f.step].action == recv_action::reduce && f.x.length > 0) {
       const std::size_t off = f.slice * slice_;
       b.reduce(ss.recv.ptr + off, ss.local.ptr + off, f.x.data, f.x.length / b.elem_size);
     }
+    if (f.x.lent) transport_.release(peer, &f.x);
     ++ss.recv_done;
     recvs_.pop_front();
     moved = true;
@@ -297,6 +310,7 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
     if (st.action == recv_action::reduce) {
       f.slot = next_slot_++ % opts_.window;  // FIFO retirement frees slots in this order
       f.x.data = staging_.data() + f.slot * slice_;
+      f.x.lendable = true;
     } else {
       f.x.data = ss.recv.ptr + k * slice_;
     }
@@ -318,7 +332,8 @@ inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
     largest = std::max({largest, st.send_from.count, st.recv_into.count});
   }
   const std::size_t wanted =
-      std::min(std::max<std::size_t>(largest * b.elem_size / 4, 64 * 1024), opts_.slice_bytes);
+      std::min({std::max<std::size_t>(largest * b.elem_size / 4, 64 * 1024), opts_.slice_bytes,
+                transport_.max_slice_bytes()});
   slice_ = std::max<std::size_t>(1, wanted / b.elem_size) * b.elem_size;
   staging_.reserve(opts_.window * slice_);
   scratch_.reserve(s.scratch_count * b.elem_size);

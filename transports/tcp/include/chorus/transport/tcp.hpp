@@ -60,6 +60,11 @@ class tcp_transport {
   ///   auto t = chorus::tcp_transport::connect(store, chorus::tcp_options::from_env());
   static tcp_transport connect(tcp_store& store, const launch_info& info,
                                const tcp_options& opts = tcp_options::from_env());
+  /// As above, but connects only to the peers p with wanted[p] (wanted has size() entries,
+  /// and peers must agree: p wants us exactly when we want p). Composite transports use it
+  /// to leave ranks of the same node to shared memory. A collective call all the same.
+  static tcp_transport connect(tcp_store& store, const launch_info& info,
+                               const std::vector<bool>& wanted, const tcp_options& opts);
 
   tcp_transport(tcp_transport&&) noexcept = default;
   tcp_transport& operator=(tcp_transport&&) noexcept = default;
@@ -70,6 +75,14 @@ class tcp_transport {
   std::string name() const { return "tcp"; }
   std::string describe() const {
     return "tcp conns " + std::to_string(opts_.conns) + " via " + local_.host();
+  }
+
+  /// Some posted send or receive has not completed.
+  bool busy() const {
+    for (const auto& c : conns_) {
+      if (c && c->busy()) return true;
+    }
+    return false;
   }
 
   void post_send(int peer, transfer* x) {
@@ -111,6 +124,12 @@ class tcp_transport {
 
   detail::tcp_connection& conn_for(int peer, std::vector<std::uint64_t>& seq) {
     const auto p = static_cast<std::size_t>(peer);
+    if (peer < 0 || peer >= size_ || !conns_[p * static_cast<std::size_t>(opts_.conns)]) {
+      throw error(errc::invalid_argument,
+                  "tcp transport: rank " + std::to_string(rank_) + " has no connection to rank " +
+                      std::to_string(peer),
+                  {peer});
+    }
     const auto k = static_cast<std::size_t>(seq[p]++ % static_cast<std::uint64_t>(opts_.conns));
     return *conns_[p * static_cast<std::size_t>(opts_.conns) + k];
   }

@@ -49,7 +49,18 @@ inline void tune_socket(int fd, const tcp_options& o) {
 
 inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info& info,
                                             const tcp_options& opts) {
+  return connect(store, info, std::vector<bool>(static_cast<std::size_t>(info.size), true), opts);
+}
+
+inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info& info,
+                                            const std::vector<bool>& wanted,
+                                            const tcp_options& opts) {
   using namespace detail;
+  if (wanted.size() != static_cast<std::size_t>(info.size)) {
+    throw error(errc::invalid_argument, "tcp_transport::connect: wanted has " +
+                                            std::to_string(wanted.size()) + " entries for " +
+                                            std::to_string(info.size) + " ranks");
+  }
   tcp_transport t;
   t.rank_ = info.rank;
   t.size_ = info.size;
@@ -100,6 +111,7 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
   // 3. Dial every higher rank. connect() completes in the peer's backlog, so dialling all
   //    before accepting any cannot deadlock.
   for (std::size_t peer = static_cast<std::size_t>(info.rank) + 1; peer < n; ++peer) {
+    if (!wanted[peer]) continue;
     for (std::size_t idx = 0; idx < k; ++idx) {
       unique_fd fd;
       for (;;) {
@@ -131,12 +143,15 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
   }
 
   // 4. Accept the lower ranks' connections, checking each hello.
-  std::size_t expected = static_cast<std::size_t>(info.rank) * k;
+  std::size_t expected = 0;
+  for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
+    if (wanted[peer]) expected += k;
+  }
   while (expected > 0) {
     if (wait_fd(listener.get(), POLLIN, deadline).status != io_status::ok) {
       std::string missing;
       for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
-        for (std::size_t idx = 0; idx < k; ++idx) {
+        for (std::size_t idx = 0; idx < k && wanted[peer]; ++idx) {
           if (!t.conns_[peer * k + idx]) {
             missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
             break;
@@ -162,6 +177,7 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
                       : hello.version != want.version             ? "unsupported version"
                       : hello.size != static_cast<std::uint32_t>(info.size) ? "different world size"
                       : hello.rank >= static_cast<std::uint32_t>(info.rank) ? "rank out of range"
+                      : !wanted[hello.rank]                       ? "rank not expected over tcp"
                       : hello.index >= k                          ? "connection index out of range"
                       : t.conns_[hello.rank * k + hello.index]    ? "duplicate connection"
                                                                   : nullptr;

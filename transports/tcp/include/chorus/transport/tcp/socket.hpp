@@ -26,11 +26,6 @@
 
 namespace chorus::detail {
 
-
-inline error sys_error(const std::string& what, int err = errno) {
-  return error(errc::system, what + ": " + std::strerror(err), {}, std::nullopt, what);
-}
-
 /// A socket address that fits IPv4 and IPv6.
 struct sock_addr {
   sockaddr_storage storage{};

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shared-memory transport: segments never outlive the job, dead and failed peers are
+// noticed, tiny rings still carry large operations.
+#include <dirent.h>
+#include <signal.h>
+
+#include <chorus/transport/shm.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "support/multirank.hpp"
+
+using namespace chorus;
+using chorus::test::run_ranks;
+
+namespace {
+
+/// Names in /dev/shm that a chorus job made.
+std::set<std::string> chorus_segments() {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (const dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind("chorus-", 0) == 0) names.insert(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+const std::map<std::string, std::string> shm_env = {{"CHORUS_TRANSPORT", "shm"},
+                                                    {"CHORUS_TIMEOUT", "20"}};
+
+}  // namespace
+
+TEST_CASE("the segment is gone from /dev/shm once the job has started, and after it ends") {
+  const auto before = chorus_segments();
+  run_ranks(4, [&](communicator& comm) {
+    RANK_CHECK(comm.transport_name() == "shm");
+    std::vector<int> v(1000, comm.rank());
+    comm.all_reduce(std::span(v));
+    RANK_CHECK(v[999] == 6);
+    // Every rank has left connect() (the creator unlinks the name before it returns), so
+    // the name is gone while the job still runs on the memory.
+    RANK_CHECK(chorus_segments() == before);
+  }, {.env = shm_env});
+  CHECK(chorus_segments() == before);
+}
+
+TEST_CASE("a rank killed with SIGKILL mid-job fails every survivor naming it, and leaves no segment") {
+  const auto before = chorus_segments();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto status = run_ranks(4, [](communicator& comm) {
+    std::vector<float> v(1 << 20, 1.0f);
+    comm.all_reduce(std::span(v));
+    if (comm.rank() == 2) ::raise(SIGKILL);
+    try {
+      for (int i = 0; i < 100; ++i) comm.all_reduce(std::span(v));
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
+      // The neighbours of rank 2 see it die; the others hear from them (abort flags).
+      RANK_CHECK((e.code() == errc::connection_lost || e.code() == errc::remote_error));
+      RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
+    }
+  }, {.env = shm_env, .expect_killed = {2}});
+  CHECK(WIFSIGNALED(status[2]));
+  // Well inside the 20 s operation timeout: the death itself was noticed.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  CHECK(chorus_segments() == before);
+}
+
+TEST_CASE("a peer's failure reaches the others through its abort flag at once") {
+  run_ranks(3, [](communicator& comm) {
+    std::vector<int> v(64, 1);
+    try {
+      if (comm.rank() == 1) {
+        std::vector<double> d(64, 1.0);  // a different dtype: rank 1's peers see a mismatch
+        comm.all_reduce(std::span(d));
+      } else {
+        comm.all_reduce(std::span(v));
+      }
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
+      RANK_CHECK((e.code() == errc::mismatch || e.code() == errc::remote_error));
+    }
+  }, {.env = shm_env});
+}
+
+TEST_CASE("rings much smaller than the data carry large in-place operations exactly") {
+  // 64 KiB rings: slices of 16 KiB, lent payloads and copied ones interleave, rings wrap
+  // thousands of times, and frames straddle the ring's end.
+  auto env = shm_env;
+  env["CHORUS_SHM_RING_BYTES"] = "65536";
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const std::size_t count = 1000003;  // prime: chunks and slices are uneven
+      std::vector<std::int64_t> v(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<std::int64_t>(i) * (comm.rank() + 1);
+      comm.all_reduce(std::span(v));
+      const auto ranks = static_cast<std::int64_t>(comm.size());
+      const std::int64_t factor = ranks * (ranks + 1) / 2;
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) wrong += v[i] != static_cast<std::int64_t>(i) * factor;
+      RANK_CHECK(wrong == 0);
+
+      std::vector<std::int64_t> gathered(count * static_cast<std::size_t>(comm.size()));
+      std::vector<std::int64_t> mine(count, comm.rank());
+      comm.all_gather(std::span<const std::int64_t>(mine), std::span(gathered));
+      for (std::size_t i = 0; i < gathered.size(); ++i) {
+        wrong += gathered[i] != static_cast<std::int64_t>(i / count);
+      }
+      RANK_CHECK(wrong == 0);
+    }, {.env = env});
+  }
+}
+
+TEST_CASE("CHORUS_SHM_RING_BYTES must be a power of two") {
+  run_ranks(1, [](communicator&) {
+    ::setenv("CHORUS_SHM_RING_BYTES", "100000", 1);
+    RANK_CHECK_THROWS_CODE((void)shm_options::from_env(), errc::invalid_argument);
+    ::setenv("CHORUS_SHM_RING_BYTES", "abc", 1);
+    RANK_CHECK_THROWS_CODE((void)shm_options::from_env(), errc::invalid_argument);
+  }, {.env = shm_env});
+}

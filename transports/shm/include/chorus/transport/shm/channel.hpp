@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: Apache-2.0
+// The two ends of one shared-memory ring: frames streamed in, frames copied or lent out.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+
+#include <chorus/concepts.hpp>
+#include <chorus/detail/frame.hpp>
+#include <chorus/error.hpp>
+#include <chorus/transport/shm/segment.hpp>
+
+namespace chorus::detail {
+
+// A ring carries the same frames as a TCP stream (header, then payload), each padded to 8
+// bytes so that payloads start 8-aligned: an element never straddles the ring's end, and a
+// lent payload is aligned for the reduction kernels.
+inline constexpr std::size_t shm_frame_align = 8;
+/// Progress is published every this many bytes, so the other end starts on a large frame
+/// while it is still being copied (a 1 MiB copy takes ~50 µs; its reader would idle).
+inline constexpr std::size_t shm_publish_bytes = 64 * 1024;
+
+inline std::size_t shm_frame_bytes(std::size_t payload) {
+  return shm_round_up(sizeof(frame_header) + payload, shm_frame_align);
+}
+
+/// Tells the rank behind `m` that something it may wait for changed. The fence pairs with
+/// the one in shm_transport::wait(): either the sleeper sees our update before sleeping, or
+/// we see it sleeping and wake it (Dekker's pattern; both sides fence after their store).
+inline void shm_ring_bell(shm_member& m) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (m.sleeping.load(std::memory_order_relaxed) != 0) {
+    // Release: a sleeper that reads the new bell value also sees what we published.
+    m.bell.fetch_add(1, std::memory_order_release);
+    futex_wake_all(&m.bell);
+  }
+}
+
+/// Copies between linear memory and ring positions, splitting at the ring's end.
+struct shm_ring_view {
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;  // a power of two
+
+  std::size_t at(std::uint64_t pos) const { return static_cast<std::size_t>(pos & (bytes - 1)); }
+  void put(std::uint64_t pos, const void* src, std::size_t n) const {
+    const std::size_t i = at(pos);
+    const std::size_t first = std::min(n, bytes - i);
+    std::memcpy(data + i, src, first);
+    if (n > first) std::memcpy(data, static_cast<const std::byte*>(src) + first, n - first);
+  }
+  void get(std::uint64_t pos, void* dst, std::size_t n) const {
+    const std::size_t i = at(pos);
+    const std::size_t first = std::min(n, bytes - i);
+    std::memcpy(dst, data + i, first);
+    if (n > first) std::memcpy(static_cast<std::byte*>(dst) + first, data, n - first);
+  }
+};
+
+/// This rank's end of the ring to one peer: queued frames are streamed in as room appears.
+class shm_sender {
+ public:
+  shm_sender(shm_ring_ctl* ctl, shm_ring_view ring, shm_member* reader)
+      : ctl_(ctl), ring_(ring), reader_(reader) {}
+
+  bool busy() const { return !txq_.empty(); }
+  void post(transfer* x) { txq_.push_back(x); }
+  /// The consumer moved its tail since we last looked (we may wait for room).
+  bool room_changed() const { return ctl_->tail.load(std::memory_order_acquire) != tail_; }
+
+  bool flush() {
+    bool moved = false;
+    while (!txq_.empty()) {
+      transfer* x = txq_.front();
+      const std::size_t frame = shm_frame_bytes(x->length);
+      std::size_t free = ring_.bytes - static_cast<std::size_t>(head_ - tail_);
+      if (free < std::min(frame - off_, shm_publish_bytes)) {
+        tail_ = ctl_->tail.load(std::memory_order_acquire);
+        free = ring_.bytes - static_cast<std::size_t>(head_ - tail_);
+        if (free == 0) break;
+      }
+      const std::size_t n = std::min({free, frame - off_, shm_publish_bytes});
+      write_frame_bytes(*x, off_, n);
+      head_ += n;
+      off_ += n;
+      ctl_->head.store(head_, std::memory_order_release);
+      moved = true;
+      if (off_ == frame) {
+        x->done = true;
+        txq_.pop_front();
+        off_ = 0;
+      }
+    }
+    if (moved) shm_ring_bell(*reader_);
+    return moved;
+  }
+
+ private:
+  /// Writes bytes [from, from + n) of x's frame (header, payload, zero padding) at head_.
+  void write_frame_bytes(const transfer& x, std::size_t from, std::size_t n) {
+    constexpr std::size_t hsz = sizeof(frame_header);
+    std::uint64_t pos = head_;
+    const std::size_t end = from + n;
+    if (from < hsz) {
+      const std::size_t k = std::min(end, hsz) - from;
+      ring_.put(pos, reinterpret_cast<const std::byte*>(&x.header) + from, k);
+      pos += k;
+      from += k;
+    }
+    if (from < end && from < hsz + x.length) {
+      const std::size_t k = std::min(end, hsz + x.length) - from;
+      ring_.put(pos, x.data + (from - hsz), k);
+      pos += k;
+      from += k;
+    }
+    if (from < end) {
+      static constexpr std::byte zeros[shm_frame_align] = {};
+      ring_.put(pos, zeros, end - from);
+    }
+  }
+
+  shm_ring_ctl* ctl_;
+  shm_ring_view ring_;
+  shm_member* reader_;
+  std::deque<transfer*> txq_;
+  std::uint64_t head_ = 0;  // our copy: only we write it
+  std::uint64_t tail_ = 0;  // the consumer's, as last read
+  std::size_t off_ = 0;     // bytes of txq_.front()'s frame already in the ring
+};
+
+/// This rank's end of the ring from one peer: frames are checked against the posted
+/// receive, then copied out, or lent in place to a reducing receive.
+class shm_receiver {
+ public:
+  shm_receiver(shm_ring_ctl* ctl, shm_ring_view ring, shm_member* writer, int self, int peer)
+      : ctl_(ctl), ring_(ring), writer_(writer), self_(self), peer_(peer) {}
+
+  bool busy() const { return !rxq_.empty(); }
+  void post(transfer* x) { rxq_.push_back(x); }
+  /// The producer wrote since we last looked (we may wait for data).
+  bool data_changed() const { return ctl_->head.load(std::memory_order_acquire) != head_; }
+
+  bool pump() {
+    bool moved = false;
+    while (!rxq_.empty()) {
+      transfer* x = rxq_.front();
+      if (!have_header_) {
+        if (!available(sizeof(frame_header))) break;
+        frame_header h;
+        ring_.get(rd_, &h, sizeof h);
+        check_header(h, x->header, peer_, self_);  // lengths now agree with the post
+        frame_start_ = rd_;
+        rd_ += sizeof h;
+        have_header_ = true;
+        got_ = 0;
+        moved = true;
+      }
+      const std::uint64_t frame_end = frame_start_ + shm_frame_bytes(x->length);
+      if (x->lendable && got_ == 0 && x->length > 0 && may_lend(*x)) {
+        // The whole payload, in place: the executor reduces straight from the ring.
+        if (!available(static_cast<std::size_t>(frame_end - rd_))) break;
+        x->data = ring_.data + ring_.at(rd_);
+        x->lent = true;
+        lent_.push_back({frame_start_, frame_end, false});
+        lent_bytes_ += frame_end - frame_start_;
+      } else {
+        while (got_ < x->length) {
+          if (!available(1)) break;
+          const std::size_t n = std::min({static_cast<std::size_t>(head_ - rd_), x->length - got_,
+                                          shm_publish_bytes});
+          ring_.get(rd_, x->data + got_, n);
+          rd_ += n;
+          got_ += n;
+          publish_tail();
+          moved = true;
+        }
+        // The padding too: our tail must never pass the producer's head.
+        if (got_ < x->length || !available(static_cast<std::size_t>(frame_end - rd_))) break;
+      }
+      rd_ = frame_end;
+      have_header_ = false;
+      x->done = true;
+      rxq_.pop_front();
+      publish_tail();
+      moved = true;
+    }
+    return moved;
+  }
+
+  /// Gives back a lent payload; lent payloads come back in the order they were lent.
+  void release(const transfer* x) {
+    const auto start = static_cast<std::uint64_t>(x->data - ring_.data);  // ring offset
+    for (auto& l : lent_) {
+      if (!l.released && ring_.at(l.start + sizeof(frame_header)) == start) {
+        l.released = true;
+        break;
+      }
+    }
+    while (!lent_.empty() && lent_.front().released) {
+      lent_bytes_ -= lent_.front().end - lent_.front().start;
+      lent_.pop_front();
+    }
+    publish_tail();
+  }
+
+ private:
+  struct lent_frame {
+    std::uint64_t start, end;
+    bool released;
+  };
+
+  /// Lend only while half the ring stays free for the frames behind it, so the producer
+  /// never waits on a payload the executor holds, and only payloads that do not wrap.
+  bool may_lend(const transfer& x) const {
+    const std::size_t frame = shm_frame_bytes(x.length);
+    return lent_bytes_ + frame <= ring_.bytes / 2 && ring_.at(rd_) + x.length <= ring_.bytes;
+  }
+
+  bool available(std::size_t n) {
+    if (head_ - rd_ >= n) return true;
+    head_ = ctl_->head.load(std::memory_order_acquire);
+    return head_ - rd_ >= n;
+  }
+
+  /// The producer may reuse everything before the first payload still lent.
+  void publish_tail() {
+    const std::uint64_t t = lent_.empty() ? rd_ : lent_.front().start;
+    if (t != published_) {
+      ctl_->tail.store(t, std::memory_order_release);
+      published_ = t;
+      shm_ring_bell(*writer_);
+    }
+  }
+
+  shm_ring_ctl* ctl_;
+  shm_ring_view ring_;
+  shm_member* writer_;
+  int self_, peer_;
+  std::deque<transfer*> rxq_;
+  std::uint64_t head_ = 0;       // the producer's, as last read
+  std::uint64_t rd_ = 0;         // next byte to parse
+  std::uint64_t published_ = 0;  // tail as last stored
+  bool have_header_ = false;
+  std::uint64_t frame_start_ = 0;
+  std::size_t got_ = 0;
+  std::deque<lent_frame> lent_;
+  std::size_t lent_bytes_ = 0;
+};
+
+}  // namespace chorus::detail

@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shared-memory segment of one node: its layout, creation, attachment and removal.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+
+#include <chorus/error.hpp>
+
+namespace chorus::detail {
+
+// Layout, in order, every part 64-byte aligned so that no two writers share a cache line:
+//
+//   shm_header                           written once by the creator
+//   shm_member[n]                        one per local rank: its doorbell, pid, failure text
+//   shm_ring_ctl[n * n]                  ring i -> j at i * n + j (the diagonal is unused)
+//   ring data[n * n][ring_bytes]         page aligned, same indexing
+//
+// Only rings that carry traffic are ever touched, so unused pairs cost address space, not
+// memory (tmpfs allocates pages on first write).
+
+inline constexpr std::uint32_t shm_magic = 0x4d534843;  // "CHSM"
+inline constexpr std::uint32_t shm_version = 1;
+inline constexpr std::size_t shm_abort_text = 960;
+
+struct alignas(64) shm_header {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint32_t members;
+  std::uint32_t reserved;
+  std::uint64_t ring_bytes;
+  std::uint64_t total_bytes;
+};
+
+struct alignas(64) shm_member {
+  /// Futex word. Whoever changes something this rank may sleep on (data in a ring it reads,
+  /// room in a ring it writes, a failure) bumps it and wakes the rank, but only while
+  /// `sleeping` is set, so a rank that spins costs its peers no system call.
+  std::atomic<std::uint32_t> bell;
+  std::atomic<std::uint32_t> sleeping;
+  std::atomic<std::uint32_t> failed;  ///< set after abort_text is written
+  std::atomic<std::int32_t> pid;
+  std::uint64_t pid_ns;                ///< inode of the rank's pid namespace
+  std::uint32_t abort_len;
+  char abort_text[shm_abort_text];
+};
+
+/// One single-producer single-consumer byte ring. Both counters only grow; a byte at
+/// position p lives at data[p % ring_bytes]. head: bytes written (producer's line);
+/// tail: bytes the consumer has given back (consumer's line).
+struct shm_ring_ctl {
+  alignas(64) std::atomic<std::uint64_t> head;
+  alignas(64) std::atomic<std::uint64_t> tail;
+};
+
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free &&
+                  std::atomic<std::uint64_t>::is_always_lock_free,
+              "chorus: shared-memory rings need lock-free atomics");
+
+constexpr std::size_t shm_round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+struct shm_layout {
+  std::size_t members = 1;
+  std::size_t ring_bytes = 0;
+
+  std::size_t member_offset() const { return sizeof(shm_header); }
+  std::size_t ring_ctl_offset() const { return member_offset() + members * sizeof(shm_member); }
+  std::size_t data_offset() const {
+    return shm_round_up(ring_ctl_offset() + members * members * sizeof(shm_ring_ctl), 4096);
+  }
+  std::size_t total() const { return data_offset() + members * members * ring_bytes; }
+};
+
+inline void futex_wake_all(std::atomic<std::uint32_t>* word) {
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr,
+            nullptr, 0);
+}
+
+/// Sleeps while *word == seen, at most `timeout`. Spurious returns are fine: callers re-check.
+inline void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                       std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+              static_cast<long>(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr,
+            0);
+}
+
+/// The inode of this process's pid namespace; two ranks may compare pids only when equal.
+inline std::uint64_t pid_namespace_id() {
+  struct stat st{};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+}
+
+/// A mapped segment. The name is unlinked as soon as every member has attached (see
+/// shm_transport::connect), so a segment outlives no process, however they end.
+class shm_segment {
+ public:
+  shm_segment() = default;
+  shm_segment(shm_segment&& o) noexcept
+      : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), layout_(o.layout_) {}
+  shm_segment& operator=(shm_segment&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      base_ = std::exchange(o.base_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+      layout_ = o.layout_;
+    }
+    return *this;
+  }
+  shm_segment(const shm_segment&) = delete;
+  shm_segment& operator=(const shm_segment&) = delete;
+  ~shm_segment() { unmap(); }
+
+  /// A fresh, unique name for a segment created by this process: "/chorus-<pid>-<random>".
+  /// The pid lets a later job remove what a crashed one left (remove_stale_segments).
+  static std::string unique_name() {
+    std::random_device rd;
+    const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "/chorus-%d-%016llx", static_cast<int>(::getpid()),
+                  static_cast<unsigned long long>(r));
+    return buf;
+  }
+
+  static shm_segment create(const std::string& name, shm_layout layout) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) throw sys_error("shm_open(" + name + ")");
+    if (::ftruncate(fd, static_cast<off_t>(layout.total())) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw sys_error("ftruncate(" + name + ", " + std::to_string(layout.total()) +
+                          " bytes): is /dev/shm large enough?",
+                      err);
+    }
+    shm_segment s = map(fd, name, layout);
+    auto* h = new (s.base_) shm_header{};
+    h->members = static_cast<std::uint32_t>(layout.members);
+    h->ring_bytes = layout.ring_bytes;
+    h->total_bytes = layout.total();
+    h->version = shm_version;
+    for (std::size_t i = 0; i < layout.members; ++i) new (&s.member(i)) shm_member{};
+    for (std::size_t i = 0; i < layout.members * layout.members; ++i) {
+      new (s.base_ + layout.ring_ctl_offset() + i * sizeof(shm_ring_ctl)) shm_ring_ctl{};
+    }
+    // Publish the magic last: a member that sees it sees an initialised segment.
+    std::atomic_ref<std::uint32_t>(h->magic).store(shm_magic, std::memory_order_release);
+    return s;
+  }
+
+  /// Attaches to a segment another member created; checks that it is what we expect.
+  static shm_segment open(const std::string& name, shm_layout layout) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) throw sys_error("shm_open(" + name + ")");
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != layout.total()) {
+      ::close(fd);
+      throw error(errc::bootstrap, "shared-memory segment " + name + " has size " +
+                                       std::to_string(st.st_size) + ", expected " +
+                                       std::to_string(layout.total()));
+    }
+    shm_segment s = map(fd, name, layout);
+    auto* h = reinterpret_cast<shm_header*>(s.base_);
+    const auto magic = std::atomic_ref<std::uint32_t>(h->magic).load(std::memory_order_acquire);
+    if (magic != shm_magic || h->version != shm_version || h->members != layout.members ||
+        h->ring_bytes != layout.ring_bytes) {
+      throw error(errc::bootstrap, "shared-memory segment " + name +
+                                       " was made by another job or version");
+    }
+    return s;
+  }
+
+  shm_member& member(std::size_t i) const {
+    return *reinterpret_cast<shm_member*>(base_ + layout_.member_offset() + i * sizeof(shm_member));
+  }
+  shm_ring_ctl& ring_ctl(std::size_t from, std::size_t to) const {
+    return *reinterpret_cast<shm_ring_ctl*>(base_ + layout_.ring_ctl_offset() +
+                                            (from * layout_.members + to) * sizeof(shm_ring_ctl));
+  }
+  std::byte* ring_data(std::size_t from, std::size_t to) const {
+    return base_ + layout_.data_offset() + (from * layout_.members + to) * layout_.ring_bytes;
+  }
+  const shm_layout& layout() const { return layout_; }
+
+ private:
+  static shm_segment map(int fd, const std::string& name, shm_layout layout) {
+    void* p = ::mmap(nullptr, layout.total(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);  // the mapping keeps the memory; the descriptor is not needed
+    if (p == MAP_FAILED) throw sys_error("mmap(" + name + ")", err);
+    shm_segment s;
+    s.base_ = static_cast<std::byte*>(p);
+    s.bytes_ = layout.total();
+    s.layout_ = layout;
+    return s;
+  }
+  void unmap() noexcept {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+    base_ = nullptr;
+  }
+
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  shm_layout layout_{};
+};
+
+/// Removes /dev/shm/chorus-<pid>-* segments whose creating process no longer exists: a job
+/// killed between creating its segment and unlinking it (a few milliseconds of set-up)
+/// leaves one behind, and the next job on the node cleans it up.
+inline void remove_stale_segments() noexcept {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  while (const dirent* e = ::readdir(d)) {
+    int pid = 0;
+    char rest[64];
+    if (std::sscanf(e->d_name, "chorus-%d-%63s", &pid, rest) != 2 || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(("/" + std::string(e->d_name)).c_str());
+  }
+  ::closedir(d);
+}
+
+}  // namespace chorus::detail
