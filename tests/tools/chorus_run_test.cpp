@@ -4,100 +4,15 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-namespace {
+#include "chorus_run_support.hpp"
 
-struct run_result {
-  int exit_code = -1;  // as a shell reports it: 128+sig when killed by a signal
-  std::string out;
-  std::string err;
-  double seconds = 0;
-};
-
-// A scratch directory for one test, removed at the end.
-struct scratch_dir {
-  std::string path;
-  scratch_dir() {
-    std::string templ = "/tmp/chorus-run-test-XXXXXX";
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~scratch_dir() { [[maybe_unused]] int rc = std::system(("rm -rf '" + path + "'").c_str()); }
-  scratch_dir(const scratch_dir&) = delete;
-  scratch_dir& operator=(const scratch_dir&) = delete;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-bool contains(const std::vector<std::string>& lines, const std::string& line) {
-  for (const auto& l : lines) {
-    if (l == line) return true;
-  }
-  return false;
-}
-
-// Runs a shell command line; `{run}` at its start is the chorus-run binary.
-run_result run_shell(const std::string& script) {
-  scratch_dir dir;
-  std::string cmd = "( " + script + " ) >'" + dir.path + "/out' 2>'" + dir.path + "/err'";
-  auto start = std::chrono::steady_clock::now();
-  int status = std::system(cmd.c_str());
-  auto stop = std::chrono::steady_clock::now();
-  run_result r;
-  r.seconds = std::chrono::duration<double>(stop - start).count();
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  r.out = read_file(dir.path + "/out");
-  r.err = read_file(dir.path + "/err");
-  return r;
-}
-
-// Runs chorus-run with the given arguments (a shell-quoted string).
-run_result run(const std::string& args) {
-  return run_shell(std::string("'") + CHORUS_RUN_PATH + "' " + args);
-}
-
-// True once a process no longer runs: gone, or a zombie waiting for its new parent.
-bool process_gone(pid_t pid) {
-  if (::kill(pid, 0) != 0) return true;
-  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  auto close_paren = stat.rfind(')');
-  return close_paren != std::string::npos && close_paren + 2 < stat.size() &&
-         stat[close_paren + 2] == 'Z';
-}
-
-bool gone_within(pid_t pid, std::chrono::milliseconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!process_gone(pid)) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
-}  // namespace
+using namespace chorus::test;
 
 TEST_CASE("every rank runs the program with its rank and the world in CHORUS_* variables") {
   auto r = run(

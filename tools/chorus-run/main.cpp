@@ -1,12 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // chorus-run: starts N local ranks of a program with the CHORUS_* environment, prefixes their
-// output with the rank, and stops every rank as soon as one fails.
+// output with the rank, and stops every rank as soon as one fails. With --nodes it spreads
+// the ranks over emulated nodes: network namespaces on a bridge, optionally rate-capped.
 //
 // Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] PROGRAM [ARGS...]
+//        chorus-run --nodes K -n M | --nodes M1,M2,... [--link-rate RATE] [--net-stats] ...
 //
 //   $ chorus-run -n 2 sh -c 'echo hi $CHORUS_RANK'
 //   [0] hi 0
 //   [1] hi 1
+//
+//   $ chorus-run --nodes 2 -n 1 --net-stats sh -c 'echo $CHORUS_MASTER_ADDR'   # root, pid 4242
+//   [0] 10.16.146.1
+//   [1] 10.16.146.1
+//   chorus-run: node 0 link tx 0 B rx 0 B
+//   chorus-run: node 1 link tx 0 B rx 0 B
+//   chorus-run: total link tx 0 B rx 0 B
 //
 // Exit status: 0 when every rank exits 0; 1 when a rank exits non-zero; 128+sig when a rank is
 // killed by a signal (or chorus-run is interrupted by one); 124 on --timeout; 2 on bad usage or
@@ -18,6 +27,12 @@
 // one write(), so lines from different ranks never interleave. Signals (SIGCHLD, SIGINT,
 // SIGTERM, SIGHUP) are turned into bytes on a self-pipe that the same poll() watches, so the
 // loop never busy-waits and never races a signal.
+//
+// With --nodes, the network (emulated_network.hpp) is built before the first rank starts and
+// deleted after the last one is reaped, whatever ended the run: a failing rank, --timeout or
+// a signal all lead out of the same loop. A rank's child enters its node's namespace between
+// fork and exec, so everything else about starting and stopping ranks stays as it is. What a
+// SIGKILLed chorus-run leaves behind, the next run removes at its start.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -36,14 +51,18 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
+
+#include "emulated_network.hpp"
 
 extern char** environ;
 
@@ -53,6 +72,9 @@ using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr int max_ranks = 1024;
+// The rendezvous port with --nodes. Node 0's namespace is new and runs nothing but our ranks,
+// so a fixed port is always free there; it is torchrun's default too.
+constexpr int nodes_default_port = 29500;
 // How long ranks get between SIGTERM and SIGKILL.
 constexpr auto kill_grace = 3s;
 // How long to keep reading pipes after the last rank exited: a rank may have left a
@@ -64,12 +86,24 @@ constexpr std::size_t max_line = std::size_t{1} << 20;
 
 constexpr std::string_view usage_text =
     "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] PROGRAM [ARGS...]\n"
-    "  -n N               number of ranks to start (1..1024)\n"
-    "  --port P           CHORUS_MASTER_PORT (default: a free port on 127.0.0.1)\n"
+    "       chorus-run --nodes K -n M [--link-rate RATE] [--net-stats] [...] PROGRAM [ARGS...]\n"
+    "       chorus-run --nodes M1,M2,... [--link-rate RATE] [--net-stats] [...] PROGRAM [ARGS...]\n"
+    "  -n N               number of ranks to start (1..1024); with --nodes K, ranks per node\n"
+    "  --port P           CHORUS_MASTER_PORT (default: a free port on 127.0.0.1; 29500 with\n"
+    "                     --nodes)\n"
     "  --timeout SECONDS  kill every rank after SECONDS and exit 124\n"
     "  --no-prefix        do not prefix output lines with \"[rank] \"\n"
+    "  --nodes K          run the ranks on K (1..64) emulated nodes of -n M ranks each\n"
+    "  --nodes M1,M2,...  run M1 ranks on node 0, M2 on node 1, ... (-n, if given, must be the\n"
+    "                     sum). Each node is a network namespace joined to the others by a\n"
+    "                     bridge; needs root and the ip command\n"
+    "  --link-rate RATE   cap each node's link at RATE each way, in tc units: 500mbit, 2gbit,\n"
+    "                     100mbps (= megabytes/s); needs the tc command\n"
+    "  --net-stats        at the end, print the bytes each node's link sent and received\n"
     "Each rank gets CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_LOCAL_RANK, CHORUS_LOCAL_WORLD_SIZE,\n"
-    "CHORUS_MASTER_ADDR=127.0.0.1 and CHORUS_MASTER_PORT; stdin is /dev/null.\n";
+    "CHORUS_MASTER_ADDR=127.0.0.1 and CHORUS_MASTER_PORT; stdin is /dev/null. With --nodes,\n"
+    "ranks are numbered node by node, the local variables count within the node,\n"
+    "CHORUS_MASTER_ADDR is node 0's address and CHORUS_SOCKET_IFNAME the node's interface.\n";
 
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -125,12 +159,55 @@ struct options {
   int port = 0;            // 0: pick a free one
   double timeout_s = 0.0;  // 0: none
   bool prefix = true;
+  std::vector<int> node_sizes;  // --nodes: ranks on each emulated node; empty: no emulation
+  std::optional<std::uint64_t> link_rate_bits;  // --link-rate, in bit/s; needs --nodes
+  bool net_stats = false;                       // --net-stats; needs --nodes
   std::vector<std::string> command;
 };
+
+// What --nodes said: K nodes of -n ranks each, or one node per listed rank count.
+struct node_spec {
+  int count = 0;           // K, when given as a single number
+  std::vector<int> sizes;  // M1,M2,..., when given as a list
+};
+
+// Parses "K" or "M1,M2,...". A single number is a count of nodes, never a list of one: one
+// node of 3 ranks is "--nodes 1 -n 3".
+node_spec parse_node_spec(std::string_view text) {
+  const std::string shown = "'" + std::string(text) + "'";
+  node_spec spec;
+  if (text.find(',') == std::string_view::npos) {
+    auto k = parse_number<int>(text);
+    if (!k || *k < 1 || *k > chorus_run::max_nodes) {
+      usage_error("--nodes K wants 1.." + std::to_string(chorus_run::max_nodes) + " nodes, got " +
+                  shown);
+    }
+    spec.count = *k;
+    return spec;
+  }
+  for (std::size_t start = 0;;) {
+    std::size_t comma = text.find(',', start);
+    std::string_view item = text.substr(start, comma - start);
+    auto m = parse_number<int>(item);
+    if (!m || *m < 1 || *m > max_ranks) {
+      usage_error("--nodes wants a count of 1.." + std::to_string(max_ranks) +
+                  " ranks per node between the commas, got " + shown);
+    }
+    spec.sizes.push_back(*m);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  if (spec.sizes.size() > static_cast<std::size_t>(chorus_run::max_nodes)) {
+    usage_error("--nodes lists " + std::to_string(spec.sizes.size()) + " nodes; at most " +
+                std::to_string(chorus_run::max_nodes) + " are supported");
+  }
+  return spec;
+}
 
 options parse_options(int argc, char** argv) {
   options opt;
   bool have_n = false;
+  std::optional<node_spec> nodes;
   int i = 1;
   // Takes the value of an option given as "--opt VALUE" or "--opt=VALUE".
   auto value_of = [&](std::string_view arg, std::string_view name) -> std::optional<std::string> {
@@ -157,6 +234,16 @@ options parse_options(int argc, char** argv) {
     }
     if (arg == "--no-prefix") {
       opt.prefix = false;
+    } else if (arg == "--net-stats") {
+      opt.net_stats = true;
+    } else if (auto k = value_of(arg, "--nodes")) {
+      nodes = parse_node_spec(*k);
+    } else if (auto rate = value_of(arg, "--link-rate")) {
+      opt.link_rate_bits = chorus_run::parse_link_rate(*rate);
+      if (!opt.link_rate_bits) {
+        usage_error("--link-rate wants a rate of 1kbit..10tbit with a tc unit, like 500mbit, "
+                    "2gbit or 100mbps; got '" + *rate + "'");
+      }
     } else if (auto n = value_of(arg, "-n")) {
       auto v = parse_number<int>(*n);
       if (!v) usage_error("-n wants a number of ranks, got '" + *n + "'");
@@ -179,7 +266,34 @@ options parse_options(int argc, char** argv) {
       usage_error("unknown option '" + std::string(arg) + "'");
     }
   }
-  if (!have_n) usage_error("-n N is required");
+  if (!nodes) {
+    if (!have_n) usage_error("-n N is required");
+    if (opt.link_rate_bits) usage_error("--link-rate needs --nodes");
+    if (opt.net_stats) usage_error("--net-stats needs --nodes");
+  } else if (nodes->count > 0) {
+    if (!have_n) {
+      usage_error("--nodes " + std::to_string(nodes->count) + " needs -n M, the ranks per node");
+    }
+    if (nodes->count * opt.nranks > max_ranks) {
+      usage_error("--nodes " + std::to_string(nodes->count) + " -n " + std::to_string(opt.nranks) +
+                  " makes more than " + std::to_string(max_ranks) + " ranks");
+    }
+    opt.node_sizes.assign(static_cast<std::size_t>(nodes->count), opt.nranks);
+    opt.nranks *= nodes->count;
+  } else {
+    int sum = 0;
+    for (int m : nodes->sizes) sum += m;
+    if (sum > max_ranks) {
+      usage_error("--nodes makes " + std::to_string(sum) + " ranks; at most " +
+                  std::to_string(max_ranks) + " are supported");
+    }
+    if (have_n && opt.nranks != sum) {
+      usage_error("-n " + std::to_string(opt.nranks) + " does not match --nodes, which lists " +
+                  std::to_string(sum) + " ranks; leave -n out");
+    }
+    opt.node_sizes = nodes->sizes;
+    opt.nranks = sum;
+  }
   if (i >= argc) usage_error("no program to run");
   for (; i < argc; ++i) opt.command.emplace_back(argv[i]);
   return opt;
@@ -207,11 +321,14 @@ int pick_free_port() {
 
 // The self-pipe: the handler only writes the signal number; the poll() loop does the work.
 int signal_pipe_write = -1;
+// The first signal asking us to stop, for the network build, which runs before the loop.
+volatile sig_atomic_t stop_signal = 0;
 
 extern "C" void on_signal(int sig) {
   int saved = errno;
   auto byte = static_cast<unsigned char>(sig);
   [[maybe_unused]] ssize_t n = ::write(signal_pipe_write, &byte, 1);
+  if (sig != SIGCHLD && stop_signal == 0) stop_signal = sig;
   errno = saved;
 }
 
@@ -229,14 +346,40 @@ struct rank_process {
   stream out, err;
 };
 
+// Where a rank sits: its node and its place there. Without --nodes, everything is node 0.
+struct rank_place {
+  int node = 0;
+  int local_rank = 0;
+  int local_size = 0;
+};
+
+// What a rank's child reports through the exec-status pipe when it cannot start.
+struct start_failure {
+  chorus_run::enter_step step = chorus_run::enter_step::none;  // none: exec itself failed
+  int err = 0;
+};
+
 class launcher {
  public:
-  explicit launcher(options opt) : opt_(std::move(opt)) {}
+  explicit launcher(options opt) : opt_(std::move(opt)) {
+    std::vector<int> sizes = opt_.node_sizes;
+    if (sizes.empty()) sizes.push_back(opt_.nranks);
+    for (std::size_t node = 0; node < sizes.size(); ++node) {
+      for (int l = 0; l < sizes[node]; ++l) {
+        places_.push_back({static_cast<int>(node), l, sizes[node]});
+      }
+    }
+  }
 
   int run() {
     setup();
+    if (!opt_.node_sizes.empty()) {
+      if (auto failed = build_network()) return *failed;
+    }
+    start_clock();
     spawn_all();
     loop();
+    if (network_) finish_network();
     return exit_code_;
   }
 
@@ -259,12 +402,76 @@ class launcher {
     for (int sig : handled_signals) ::sigaction(sig, &sa, nullptr);
     // A closed stdout must not kill the supervisor; write_all() drops the output instead.
     ::signal(SIGPIPE, SIG_IGN);
-    port_ = opt_.port != 0 ? opt_.port : pick_free_port();
-    if (port_ < 0) fail_setup("cannot find a free port on 127.0.0.1");
+    if (opt_.port != 0) {
+      port_ = opt_.port;
+    } else if (!opt_.node_sizes.empty()) {
+      port_ = nodes_default_port;
+    } else {
+      port_ = pick_free_port();
+      if (port_ < 0) fail_setup("cannot find a free port on 127.0.0.1");
+    }
+  }
+
+  // --timeout counts from the first rank's start: building 64 nodes takes a while, and that
+  // is not the program's time.
+  void start_clock() {
     if (opt_.timeout_s > 0) {
       timeout_at_ = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                             std::chrono::duration<double>(opt_.timeout_s));
     }
+  }
+
+  // Builds the emulated nodes. Returns the exit code when the run cannot go on, after
+  // removing whatever was built. Signals already reach our handler here: a Ctrl-C during the
+  // build stops it between two steps and still cleans up.
+  std::optional<int> build_network() {
+    if (auto why = chorus_run::why_no_emulated_network(opt_.link_rate_bits.has_value())) {
+      say(*why);
+      return 2;
+    }
+    if (int n = chorus_run::remove_stale_namespaces(::getpid()); n > 0) {
+      say("removed " + std::to_string(n) +
+          " network namespace(s) left behind by chorus-run processes that are gone");
+    }
+    network_.emplace(::getpid(), static_cast<int>(opt_.node_sizes.size()), opt_.link_rate_bits);
+    std::optional<int> failed;
+    try {
+      if (!network_->build([] { return stop_signal != 0; })) {
+        say("got " + signal_name(stop_signal) + " while building the emulated nodes");
+        failed = 128 + stop_signal;
+      }
+    } catch (const std::exception& e) {
+      say(std::string("cannot build the emulated nodes: ") + e.what());
+      failed = 2;
+    }
+    if (failed) tear_down_network();
+    return failed;
+  }
+
+  // Prints --net-stats, then deletes the nodes.
+  void finish_network() {
+    if (opt_.net_stats) {
+      try {
+        chorus_run::link_counters total;
+        for (std::size_t node = 0; node < opt_.node_sizes.size(); ++node) {
+          auto c = network_->counters(static_cast<int>(node));
+          say("node " + std::to_string(node) + " link tx " + std::to_string(c.tx_bytes) +
+              " B rx " + std::to_string(c.rx_bytes) + " B");
+          total.tx_bytes += c.tx_bytes;
+          total.rx_bytes += c.rx_bytes;
+        }
+        say("total link tx " + std::to_string(total.tx_bytes) + " B rx " +
+            std::to_string(total.rx_bytes) + " B");
+      } catch (const std::exception& e) {
+        say(std::string("cannot read the link counters: ") + e.what());
+      }
+    }
+    tear_down_network();
+  }
+
+  void tear_down_network() {
+    for (const auto& failure : network_->tear_down()) say(failure);
+    network_.reset();
   }
 
   [[noreturn]] void fail_setup(std::string_view what) {
@@ -274,14 +481,17 @@ class launcher {
 
   // The environment of rank r: ours, with the CHORUS_* variables we set replaced.
   std::vector<std::string> environment_for(int r) const {
-    const std::pair<std::string_view, std::string> ours[] = {
+    const rank_place& place = places_[static_cast<std::size_t>(r)];
+    std::vector<std::pair<std::string_view, std::string>> ours = {
         {"CHORUS_RANK", std::to_string(r)},
         {"CHORUS_WORLD_SIZE", std::to_string(opt_.nranks)},
-        {"CHORUS_LOCAL_RANK", std::to_string(r)},
-        {"CHORUS_LOCAL_WORLD_SIZE", std::to_string(opt_.nranks)},
-        {"CHORUS_MASTER_ADDR", "127.0.0.1"},
+        {"CHORUS_LOCAL_RANK", std::to_string(place.local_rank)},
+        {"CHORUS_LOCAL_WORLD_SIZE", std::to_string(place.local_size)},
+        {"CHORUS_MASTER_ADDR", network_ ? network_->address(0) : "127.0.0.1"},
         {"CHORUS_MASTER_PORT", std::to_string(port_)},
     };
+    // Without --nodes an inherited CHORUS_SOCKET_IFNAME passes through untouched, as before.
+    if (network_) ours.emplace_back("CHORUS_SOCKET_IFNAME", chorus_run::node_interface);
     std::vector<std::string> env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
       std::string_view var = *e;
@@ -321,6 +531,8 @@ class launcher {
       return;
     }
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int netns_fd =
+        network_ ? network_->namespace_fd(places_[static_cast<std::size_t>(r)].node) : -1;
 
     // Block our signals across fork so the child cannot run our handler (which would write
     // into the parent's self-pipe) before it resets the dispositions.
@@ -341,9 +553,13 @@ class launcher {
       if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
-      ::execvpe(argv[0], argv.data(), envp.data());
-      int e = errno;
-      [[maybe_unused]] ssize_t n = ::write(exec_status[1], &e, sizeof e);
+      start_failure failure;
+      if (netns_fd >= 0) failure.step = chorus_run::enter_node_namespace(netns_fd);
+      if (failure.step == chorus_run::enter_step::none) {
+        ::execvpe(argv[0], argv.data(), envp.data());
+      }
+      failure.err = errno;
+      [[maybe_unused]] ssize_t n = ::write(exec_status[1], &failure, sizeof failure);
       ::_exit(127);
     }
     int fork_errno = errno;
@@ -368,19 +584,24 @@ class launcher {
     ::fcntl(out[0], F_SETFL, O_NONBLOCK);
     ::fcntl(err[0], F_SETFL, O_NONBLOCK);
 
-    // The exec-status pipe closes on a successful exec (O_CLOEXEC) or carries errno.
-    int child_errno = 0;
+    // The exec-status pipe closes on a successful exec (O_CLOEXEC) or says what failed.
+    start_failure failure;
     ssize_t got;
     do {
-      got = ::read(exec_status[0], &child_errno, sizeof child_errno);
+      got = ::read(exec_status[0], &failure, sizeof failure);
     } while (got < 0 && errno == EINTR);
     ::close(exec_status[0]);
-    if (got == static_cast<ssize_t>(sizeof child_errno)) {
+    if (got == static_cast<ssize_t>(sizeof failure)) {
       int status = 0;
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
       rank.running = false;
-      say("cannot run '" + opt_.command[0] + "': " + std::strerror(child_errno));
+      if (failure.step == chorus_run::enter_step::none) {
+        say("cannot run '" + opt_.command[0] + "': " + std::strerror(failure.err));
+      } else {
+        say("rank " + std::to_string(r) + " " + chorus_run::describe(failure.step) + ": " +
+            std::strerror(failure.err));
+      }
       begin_shutdown(2);
     }
   }
@@ -611,6 +832,8 @@ class launcher {
   }
 
   options opt_;
+  std::vector<rank_place> places_;  // by rank
+  std::optional<chorus_run::emulated_network> network_;  // with --nodes, while it exists
   int port_ = 0;
   int signal_pipe_read_ = -1;
   std::vector<rank_process> ranks_;
