@@ -87,7 +87,7 @@ inline void print_help(collective c, std::FILE* f) {
                "  -h, --help            this text\n"
                "environment:\n"
                "  CHORUS_TRANSPORT      auto tcp shm (default auto: shm inside a node, tcp between)\n"
-               "  CHORUS_ALGO           auto ring rd (= recursive_doubling) (default auto)\n"
+               "  CHORUS_ALGO           auto ring rd (= recursive_doubling) hierarchical (default auto)\n"
                "  CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_MASTER_ADDR, CHORUS_MASTER_PORT, ...\n"
                "                        as for every chorus program\n"
                "exit status: 0 all rows correct, 1 a wrong element or a chorus error, 2 bad flags "
@@ -265,13 +265,14 @@ inline chorus::algo algo_from_env() {
   if (env == nullptr || *env == '\0') return chorus::algo::automatic;
   if (const auto a = chorus::parse_algo(env)) return *a;
   throw usage_error(cat({"CHORUS_ALGO=", env,
-                         " is not an algorithm; valid: auto, ring, rd (= recursive_doubling)"}));
+                         " is not an algorithm; valid: auto, ring, rd (= recursive_doubling), hierarchical"}));
 }
 
 inline std::string_view algo_name(chorus::algo a) {
   // An if-chain, not a switch: an enumerator added later must not break this build.
   if (a == chorus::algo::ring) return "ring";
   if (a == chorus::algo::recursive_doubling) return "recursive_doubling";
+  if (a == chorus::algo::hierarchical) return "hierarchical";
   if (a == chorus::algo::automatic) return "auto";
   return "other";
 }

@@ -22,6 +22,7 @@ constexpr std::optional<algo> parse_algo(std::string_view s) noexcept {
   if (s == "auto" || s == "automatic") return algo::automatic;
   if (s == "ring") return algo::ring;
   if (s == "rd" || s == "recursive_doubling") return algo::recursive_doubling;
+  if (s == "hier" || s == "hierarchical") return algo::hierarchical;
   return std::nullopt;
 }
 

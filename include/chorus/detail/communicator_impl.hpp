@@ -11,6 +11,7 @@
 
 #include "chorus/communicator.hpp"
 #include "chorus/reduce/reduce.hpp"
+#include "chorus/schedule/hierarchical.hpp"
 #include "chorus/schedule/recursive_doubling.hpp"
 #include "chorus/schedule/ring.hpp"
 
@@ -24,7 +25,7 @@ inline communicator_options communicator_options::from_env() {
     const auto parsed = parse_algo(a);
     if (!parsed) {
       throw error(errc::invalid_argument, std::string("CHORUS_ALGO='") + a +
-                                              "' is not an algorithm (use auto, ring or rd)");
+                                              "' is not an algorithm (use auto, ring, rd or hierarchical)");
     }
     o.algorithm = *parsed;
   }
@@ -145,6 +146,7 @@ struct communicator::impl {
     switch (d.kind) {
       case collective::all_reduce:
         s = d.algorithm == algo::recursive_doubling ? recursive_doubling_all_reduce(r, n, d.count)
+            : d.algorithm == algo::hierarchical     ? hierarchical_all_reduce(topo, d.count)
                                                     : ring_all_reduce(r, n, d.count);
         b.input_bytes = b.output_bytes = d.count * es;
         break;
@@ -169,14 +171,21 @@ struct communicator::impl {
   algo choose(const detail::op_desc& d) const {
     algo a = d.algorithm != algo::automatic ? d.algorithm : opts.algorithm;
     if (d.kind != collective::all_reduce) {
-      if (a == algo::recursive_doubling) {
-        throw error(errc::invalid_argument,
-                    std::string(to_string(d.kind)) + ": recursive_doubling is only available for all_reduce");
+      if (a == algo::recursive_doubling || a == algo::hierarchical) {
+        // CHORUS_ALGO applies where it can; only an explicit per-call choice is an error.
+        if (d.algorithm == algo::automatic) return algo::ring;
+        throw error(errc::invalid_argument, std::string(to_string(d.kind)) + ": " +
+                                                std::string(to_string(a)) +
+                                                " is only available for all_reduce");
       }
       return algo::ring;
     }
     if (a == algo::automatic) {
-      a = d.count * size_of(d.type) <= opts.rd_max_bytes ? algo::recursive_doubling : algo::ring;
+      // Several nodes of several ranks: keep most bytes inside the nodes (hierarchical.hpp).
+      const bool layered = topo.nodes() > 1 && topo.nodes() < topo.size;
+      a = d.count * size_of(d.type) <= opts.rd_max_bytes ? algo::recursive_doubling
+          : layered                                      ? algo::hierarchical
+                                                         : algo::ring;
     }
     return a;
   }

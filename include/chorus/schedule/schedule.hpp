@@ -23,13 +23,14 @@ constexpr std::string_view to_string(collective c) noexcept {
 
 /// Algorithms. The numbering is part of the wire format (it is in every frame header, so two
 /// ranks that picked different algorithms fail with errc::mismatch instead of hanging).
-enum class algo : std::uint8_t { automatic = 0, ring = 1, recursive_doubling = 2 };
+enum class algo : std::uint8_t { automatic = 0, ring = 1, recursive_doubling = 2, hierarchical = 3 };
 
 constexpr std::string_view to_string(algo a) noexcept {
   switch (a) {
     case algo::automatic: return "auto";
     case algo::ring: return "ring";
     case algo::recursive_doubling: return "recursive_doubling";
+    case algo::hierarchical: return "hierarchical";
   }
   return "invalid";
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Node identity and the topology built from every rank's identity.
+// Node identity, exchanged through the store.
 #pragma once
 
 #include <unistd.h>
@@ -8,47 +8,9 @@
 #include <chorus/error.hpp>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <span>
 
 namespace chorus {
-
-inline bool topology::uniform() const {
-  for (const auto& m : members) {
-    if (m.size() != members.front().size()) return false;
-  }
-  return true;
-}
-
-inline std::string topology::describe() const {
-  std::string s = std::to_string(nodes()) + (nodes() == 1 ? " node" : " nodes");
-  if (uniform()) return s + " x " + std::to_string(members.front().size()) + " ranks";
-  s += " (";
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(members[i].size());
-  }
-  return s + " ranks)";
-}
-
-inline topology topology::from_ids(int rank, const std::vector<std::string>& ids) {
-  topology t;
-  t.rank = rank;
-  t.size = static_cast<int>(ids.size());
-  std::map<std::string, int> node_by_id;
-  for (std::size_t r = 0; r < ids.size(); ++r) {
-    auto [it, fresh] = node_by_id.try_emplace(ids[r], static_cast<int>(t.members.size()));
-    if (fresh) t.members.emplace_back();
-    auto& m = t.members[static_cast<std::size_t>(it->second)];
-    t.node_of.push_back(it->second);
-    t.local_index_of.push_back(static_cast<int>(m.size()));
-    m.push_back(static_cast<int>(r));
-  }
-  return t;
-}
-
-inline topology topology::single_node(int rank, int size) {
-  return from_ids(rank, std::vector<std::string>(static_cast<std::size_t>(size), "node"));
-}
 
 inline std::string node_id_from_env() {
   if (const char* v = std::getenv("CHORUS_NODE_ID"); v != nullptr && *v != '\0') {

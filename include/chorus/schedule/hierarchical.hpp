@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// Hierarchical all-reduce: reduce inside each node, all-reduce across nodes, share inside.
+//
+// K nodes, node j with m_j ranks, M = max m_j, S bytes. The buffer is cut into M shards;
+// on node j, shard s is owned by local rank s mod m_j (with equal nodes: one shard each).
+//   phase 1, intra-node reduce-scatter (direct): every rank sends each shard it does not own
+//            to its owner, which reduces them: (M-1)/M * S bytes per rank
+//   phase 2, inter-node all-reduce: the K owners of shard s, one per node, run a ring over
+//            it: 2(K-1) steps, 2(K-1)/K * S/M bytes per owned shard
+//   phase 3, intra-node all-gather (direct): each owner sends its shards to the others.
+// With equal nodes each rank sends 2(M-1)/M * S inside its node and 2(K-1)/K * S/M across
+// nodes; the M rings of phase 2 run at once, so every rank's network link works, and no
+// byte crosses between nodes that a flat ring would not (2(K-1)/K * S per node instead of
+// a flat ring's 2(N-1)/N * S on every one of its K node-crossing edges).
+//
+// Direct exchanges rather than rings inside the node: over shared memory each transfer is
+// one copy whichever peer it goes to, and direct steps take M-1 latencies, not 2(M-1).
+// Every rank lists its steps by shard, then by sender, so no rank waits on another that
+// waits on it (see the symbolic checker in tests/schedule).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "chorus/schedule/ring.hpp"
+#include "chorus/schedule/schedule.hpp"
+#include "chorus/topology.hpp"
+
+namespace chorus {
+
+inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count) {
+  schedule s{collective::all_reduce, algo::hierarchical, topo.rank, topo.size, 0, {}};
+  const std::vector<int>& local = topo.local_ranks();
+  const int m = static_cast<int>(local.size());
+  const int me = topo.local_rank();
+  int shards = 1;
+  for (const auto& node : topo.members) shards = std::max(shards, static_cast<int>(node.size()));
+  const int k = topo.nodes();
+  // Every region of a shard is one of the K chunks phase 2's ring cuts it into, because
+  // regions of one buffer must start together or not overlap (schedule.hpp).
+  auto piece = [&](buffer_id b, int shard, int c) {
+    const region whole = chunk_of(b, count, shards, shard);
+    region r = chunk_of(b, whole.count, k, c);
+    r.offset += whole.offset;
+    return r;
+  };
+  auto owns = [&](int shard) { return shard % m == me; };
+  auto owner = [&](int shard) { return local[static_cast<std::size_t>(shard % m)]; };
+
+  // Phase 1: owners reduce every local rank's copy of their shards into the output.
+  for (int sh = 0; sh < shards; ++sh) {
+    for (int c = 0; c < k; ++c) {
+      const region in = piece(buffer_id::input, sh, c);
+      const region out = piece(buffer_id::output, sh, c);
+      if (m == 1) {
+        s.steps.push_back(step{.action = recv_action::copy, .recv_into = out, .reduce_with = in});
+      } else if (owns(sh)) {
+        bool first = true;
+        for (int q = 0; q < m; ++q) {
+          if (q == me) continue;
+          s.steps.push_back(step{.recv_peer = local[static_cast<std::size_t>(q)],
+                                 .action = recv_action::reduce,
+                                 .recv_into = out,
+                                 .reduce_with = first ? in : out});
+          first = false;
+        }
+      } else {
+        s.steps.push_back(step{.send_peer = owner(sh), .send_from = in});
+      }
+    }
+  }
+
+  // Phase 2: a ring over the owners of each shard, one per node, in place on the output.
+  if (k > 1) {
+    for (int sh = 0; sh < shards; ++sh) {
+      if (!owns(sh)) continue;
+      std::vector<int> ring;
+      for (const auto& node : topo.members) {
+        ring.push_back(node[static_cast<std::size_t>(sh) % node.size()]);
+      }
+      const region shard = chunk_of(buffer_id::output, count, shards, sh);
+      const schedule r = ring_all_reduce(topo.node(), k, shard.count);
+      for (step st : r.steps) {
+        for (region* g : {&st.send_from, &st.recv_into, &st.reduce_with}) {
+          g->buffer = buffer_id::output;
+          g->offset += shard.offset;
+        }
+        if (st.send_peer >= 0) st.send_peer = ring[static_cast<std::size_t>(st.send_peer)];
+        if (st.recv_peer >= 0) st.recv_peer = ring[static_cast<std::size_t>(st.recv_peer)];
+        if (st.action == recv_action::copy) continue;  // in place: nothing to copy
+        s.steps.push_back(st);
+      }
+    }
+  }
+
+  // Phase 3: owners send their reduced shards to every other rank of the node.
+  if (m > 1) {
+    for (int sh = 0; sh < shards; ++sh) {
+      for (int c = 0; c < k; ++c) {
+        const region out = piece(buffer_id::output, sh, c);
+        if (!owns(sh)) {
+          s.steps.push_back(step{.recv_peer = owner(sh), .action = recv_action::store, .recv_into = out});
+          continue;
+        }
+        for (int q = 0; q < m; ++q) {
+          if (q != me) {
+            s.steps.push_back(step{.send_peer = local[static_cast<std::size_t>(q)], .send_from = out});
+          }
+        }
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace chorus
