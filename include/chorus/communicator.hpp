@@ -27,9 +27,10 @@ struct communicator_options {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   /// CHORUS_BOOTSTRAP_TIMEOUT (seconds): rendezvous and connection set-up.
   std::chrono::milliseconds bootstrap_timeout{std::chrono::seconds(120)};
-  /// CHORUS_ALGO: "auto", "ring", "rd" or "hierarchical" (all_reduce only; other collectives
-  /// use ring); applies where a call leaves algorithm automatic. Automatic all_reduce: rd up to
-  /// rd_max_bytes, then hierarchical when the job has several nodes of several ranks, else ring.
+  /// CHORUS_ALGO: "auto", "ring", "rd" (all_reduce only; the others then use ring) or
+  /// "hierarchical"; applies where a call leaves algorithm automatic. Automatic: all_reduce
+  /// uses rd up to rd_max_bytes; beyond that, and for the other collectives, hierarchical when
+  /// the job has several nodes of several ranks, else ring.
   algo algorithm = algo::automatic;
   /// CHORUS_RD_MAX_BYTES: automatic all_reduce uses recursive doubling up to this size.
   std::size_t rd_max_bytes = 32 * 1024;

@@ -66,6 +66,42 @@ std::string check_all_reduce(const maker& make, int n, std::size_t count) {
   return {};
 }
 
+std::string check_reduce_scatter(const maker& make, int n, std::size_t block) {
+  const auto nn = static_cast<std::size_t>(n);
+  std::vector<test::symbolic_rank> ranks;
+  if (auto e = simulate(make, n, block, block * nn, block, from_zero, ranks)) return *e;
+  const std::vector<int> once(nn, 1);
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < block; ++i) {
+      const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];
+      if (v.element != static_cast<long>(static_cast<std::size_t>(r) * block + i) || v.from != once) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) +
+               " is not its block reduced over every rank exactly once";
+      }
+    }
+  }
+  return {};
+}
+
+std::string check_all_gather(const maker& make, int n, std::size_t block) {
+  const auto nn = static_cast<std::size_t>(n);
+  auto own_block = [block](int r) { return static_cast<long>(static_cast<std::size_t>(r) * block); };
+  std::vector<test::symbolic_rank> ranks;
+  if (auto e = simulate(make, n, block, block, block * nn, own_block, ranks)) return *e;
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < block * nn; ++i) {
+      const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];
+      std::vector<int> expect(nn, 0);
+      expect[i / block] = 1;
+      if (v.element != static_cast<long>(i) || v.from != expect) {
+        return "rank " + std::to_string(r) + " element " + std::to_string(i) +
+               " is not rank " + std::to_string(i / block) + "'s";
+      }
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE("ring and recursive doubling all_reduce leave every rank with every contribution exactly once, n = 1..64") {
@@ -90,18 +126,7 @@ TEST_CASE("ring reduce_scatter leaves block r fully reduced on rank r, n = 1..64
     for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
       CAPTURE(n);
       CAPTURE(block);
-      const auto nn = static_cast<std::size_t>(n);
-      std::vector<test::symbolic_rank> ranks;
-      REQUIRE(simulate(ring_reduce_scatter, n, block, block * nn, block, from_zero, ranks) ==
-              std::nullopt);
-      const std::vector<int> once(nn, 1);
-      for (int r = 0; r < n; ++r) {
-        for (std::size_t i = 0; i < block; ++i) {
-          const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];
-          CHECK(v.element == static_cast<long>(static_cast<std::size_t>(r) * block + i));
-          CHECK(v.from == once);
-        }
-      }
+      CHECK(check_reduce_scatter(ring_reduce_scatter, n, block) == "");
     }
   }
 }
@@ -111,21 +136,7 @@ TEST_CASE("ring all_gather delivers every rank's block to every rank, n = 1..64"
     for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
       CAPTURE(n);
       CAPTURE(block);
-      const auto nn = static_cast<std::size_t>(n);
-      auto own_block = [block](int r) { return static_cast<long>(static_cast<std::size_t>(r) * block); };
-      std::vector<test::symbolic_rank> ranks;
-      REQUIRE(simulate(ring_all_gather, n, block, block, block * nn, own_block, ranks) ==
-              std::nullopt);
-      for (int r = 0; r < n; ++r) {
-        for (std::size_t i = 0; i < block * nn; ++i) {
-          const symbol& v = ranks[static_cast<std::size_t>(r)].output[i];
-          const auto owner = static_cast<std::size_t>(i / block);
-          std::vector<int> expect(nn, 0);
-          expect[owner] = 1;
-          CHECK(v.element == static_cast<long>(i));
-          CHECK(v.from == expect);
-        }
-      }
+      CHECK(check_all_gather(ring_all_gather, n, block) == "");
     }
   }
 }
@@ -232,6 +243,31 @@ TEST_CASE("hierarchical all_reduce leaves every rank with every contribution exa
       const std::string e = check_all_reduce(make, n, count);
       CHECK(e == "");
       for (int r = 0; r < n && e.empty(); ++r) CHECK(check_region_rule(make(r, n, count)) == "");
+      ++checked;
+    }
+  }
+  CHECK(checked > 1000);
+}
+
+TEST_CASE("hierarchical reduce_scatter and all_gather are exact for even and uneven nodes up to 64 ranks") {
+  std::size_t checked = 0;
+  for (const auto& sizes : node_layouts()) {
+    int n = 0;
+    for (int m : sizes) n += m;
+    auto topo_of = [&sizes](int r) { return topology::from_sizes(r, sizes); };
+    const maker rs = [&](int r, int, std::size_t b) { return hierarchical_reduce_scatter(topo_of(r), b); };
+    const maker ag = [&](int r, int, std::size_t b) { return hierarchical_all_gather(topo_of(r), b); };
+    for (std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+      std::string layout;
+      for (int m : sizes) layout += std::to_string(m) + " ";
+      CAPTURE(layout);
+      CAPTURE(block);
+      CHECK(check_reduce_scatter(rs, n, block) == "");
+      CHECK(check_all_gather(ag, n, block) == "");
+      for (int r = 0; r < n; ++r) {
+        CHECK(check_region_rule(rs(r, n, block)) == "");
+        CHECK(check_region_rule(ag(r, n, block)) == "");
+      }
       ++checked;
     }
   }

@@ -99,4 +99,41 @@ inline bool gone_within(pid_t pid, std::chrono::milliseconds limit) {
   return true;
 }
 
+// --- emulated nodes (chorus-run --nodes) ---------------------------------------------------
+
+// Shell prefix: `ip` and `tc` live in /usr/sbin, which a root shell's PATH may lack; the
+// ranks inherit this PATH too.
+inline const std::string with_sbin = "PATH=\"$PATH:/usr/sbin:/sbin\"; export PATH; ";
+
+// Why --nodes cannot work here, or "" when it can; probed once, the way --nodes will work.
+inline const std::string& netns_unavailable() {
+  static const std::string reason = []() -> std::string {
+    if (::geteuid() != 0) return "needs root to create network namespaces";
+    if (run_shell(with_sbin + "command -v ip").exit_code != 0) {
+      return "needs the ip command (apt-get install iproute2)";
+    }
+    // Not "chorus-<pid>-...": chorus-run's stale-namespace sweep must not take it. `ip netns
+    // exec` enters it and mounts its /sys, as chorus-run does for each rank.
+    std::string probe = "chorus-probe-" + std::to_string(::getpid());
+    auto r = run_shell(with_sbin + "ip netns add " + probe + " && ip netns exec " + probe +
+                       " true; rc=$?; ip netns del " + probe + "; exit $rc");
+    if (r.exit_code != 0) return "cannot create or enter a network namespace here: " + r.err;
+    return "";
+  }();
+  return reason;
+}
+
+// True, after saying why, when the test cannot run here.
+inline bool skip_without_netns(bool need_tc = false) {
+  if (!netns_unavailable().empty()) {
+    MESSAGE("skipped: " << netns_unavailable());
+    return true;
+  }
+  if (need_tc && run_shell(with_sbin + "command -v tc").exit_code != 0) {
+    MESSAGE("skipped: needs the tc command (apt-get install iproute2)");
+    return true;
+  }
+  return false;
+}
+
 }  // namespace chorus::test

@@ -151,12 +151,14 @@ struct communicator::impl {
         b.input_bytes = b.output_bytes = d.count * es;
         break;
       case collective::reduce_scatter:
-        s = ring_reduce_scatter(r, n, d.count);
+        s = d.algorithm == algo::hierarchical ? hierarchical_reduce_scatter(topo, d.count)
+                                              : ring_reduce_scatter(r, n, d.count);
         b.input_bytes = d.count * nn * es;
         b.output_bytes = d.count * es;
         break;
       case collective::all_gather:
-        s = ring_all_gather(r, n, d.count);
+        s = d.algorithm == algo::hierarchical ? hierarchical_all_gather(topo, d.count)
+                                              : ring_all_gather(r, n, d.count);
         b.input_bytes = d.count * es;
         b.output_bytes = d.count * nn * es;
         break;
@@ -170,19 +172,19 @@ struct communicator::impl {
 
   algo choose(const detail::op_desc& d) const {
     algo a = d.algorithm != algo::automatic ? d.algorithm : opts.algorithm;
+    // Several nodes of several ranks: keep most bytes inside the nodes (hierarchical.hpp).
+    const bool layered = topo.nodes() > 1 && topo.nodes() < topo.size;
     if (d.kind != collective::all_reduce) {
-      if (a == algo::recursive_doubling || a == algo::hierarchical) {
+      if (a == algo::recursive_doubling) {
         // CHORUS_ALGO applies where it can; only an explicit per-call choice is an error.
         if (d.algorithm == algo::automatic) return algo::ring;
-        throw error(errc::invalid_argument, std::string(to_string(d.kind)) + ": " +
-                                                std::string(to_string(a)) +
-                                                " is only available for all_reduce");
+        throw error(errc::invalid_argument,
+                    std::string(to_string(d.kind)) + ": recursive_doubling is only available for all_reduce");
       }
-      return algo::ring;
+      if (a == algo::automatic) a = layered ? algo::hierarchical : algo::ring;
+      return a;
     }
     if (a == algo::automatic) {
-      // Several nodes of several ranks: keep most bytes inside the nodes (hierarchical.hpp).
-      const bool layered = topo.nodes() > 1 && topo.nodes() < topo.size;
       a = d.count * size_of(d.type) <= opts.rd_max_bytes ? algo::recursive_doubling
           : layered                                      ? algo::hierarchical
                                                          : algo::ring;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Hierarchical all-reduce: reduce inside each node, all-reduce across nodes, share inside.
+// Hierarchical all-reduce, reduce-scatter and all-gather: most bytes stay inside the nodes.
 //
+// all_reduce:
 // K nodes, node j with m_j ranks, M = max m_j, S bytes. The buffer is cut into M shards;
 // on node j, shard s is owned by local rank s mod m_j (with equal nodes: one shard each).
 //   phase 1, intra-node reduce-scatter (direct): every rank sends each shard it does not own
@@ -109,6 +110,107 @@ inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count)
           }
         }
       }
+    }
+  }
+  return s;
+}
+
+// reduce_scatter: rank b ends with block b reduced. On every node one rank collects each block
+// (block b's collector on node j is its local rank local(b) mod m_j; on b's own node, b):
+//   phase 1, inside nodes: every other local rank sends its copy of the block to the
+//            collector, which reduces it: (m_j-1)/m_j of the input per rank, over shm
+//   phase 2, across nodes: each collector sends its partial to b, which reduces it:
+//            (K-1)/K * S per node crosses the network, where a flat ring sends (N-1)/N * S
+//            over each of its K node-crossing edges.
+// Steps are listed block by block (phase 1, then 2), senders in rank order, on every rank.
+inline schedule hierarchical_reduce_scatter(const topology& topo, std::size_t block) {
+  schedule s{collective::reduce_scatter, algo::hierarchical, topo.rank, topo.size, 0, {}};
+  const int n = topo.size;
+  const int me = topo.rank;
+  const auto nb = static_cast<std::size_t>(n);
+  auto in = [&](int b) { return region{buffer_id::input, static_cast<std::size_t>(b) * block, block}; };
+  // Partials of blocks we collect for other nodes live in scratch, one slot per block.
+  auto slot = [&](int b) { return region{buffer_id::scratch, static_cast<std::size_t>(b) * block, block}; };
+  const region out{buffer_id::output, 0, block};
+  auto collector = [&](int node, int b) {
+    if (topo.node_of[static_cast<std::size_t>(b)] == node) return b;
+    const auto& m = topo.members[static_cast<std::size_t>(node)];
+    return m[static_cast<std::size_t>(topo.local_index_of[static_cast<std::size_t>(b)]) % m.size()];
+  };
+  const int my_node = topo.node();
+  bool uses_scratch = false;
+  for (int b = 0; b < n; ++b) {
+    const int home = topo.node_of[static_cast<std::size_t>(b)];
+    // The accumulator of block b on this rank, if we collect it; `fresh` until first written.
+    const bool collecting = collector(my_node, b) == me;
+    const region acc = b == me ? out : slot(b);
+    bool fresh = true;
+    auto add = [&](int from) {
+      s.steps.push_back(step{.recv_peer = from, .action = recv_action::reduce, .recv_into = acc,
+                             .reduce_with = fresh ? in(b) : acc});
+      fresh = false;
+    };
+    // Phase 1: inside our node.
+    for (int q : topo.local_ranks()) {
+      if (q == me) continue;
+      if (collecting) {
+        add(q);
+      } else if (q == collector(my_node, b)) {
+        s.steps.push_back(step{.send_peer = q, .send_from = in(b)});
+      }
+    }
+    // Phase 2: across nodes, collectors to b.
+    if (collecting && b != me) {
+      // A collector alone on its node forwards its input unchanged.
+      s.steps.push_back(step{.send_peer = b, .send_from = fresh ? in(b) : acc});
+      uses_scratch = uses_scratch || !fresh;
+    } else if (b == me) {
+      for (int node = 0; node < topo.nodes(); ++node) {
+        if (node != home) add(collector(node, b));
+      }
+      if (fresh) {
+        s.steps.push_back(step{.action = recv_action::copy, .recv_into = out, .reduce_with = in(b)});
+      }
+    }
+  }
+  if (uses_scratch) s.scratch_count = nb * block;
+  return s;
+}
+
+// all_gather: the reverse of reduce_scatter. Rank b's block goes once to its distributor on
+// every other node (phase 1, across nodes: (K-1)/K * S per node), then each distributor, and
+// b on its own node, sends it to the other ranks of the node (phase 2, inside nodes).
+inline schedule hierarchical_all_gather(const topology& topo, std::size_t block) {
+  schedule s{collective::all_gather, algo::hierarchical, topo.rank, topo.size, 0, {}};
+  const int n = topo.size;
+  const int me = topo.rank;
+  auto out = [&](int b) { return region{buffer_id::output, static_cast<std::size_t>(b) * block, block}; };
+  const region in{buffer_id::input, 0, block};
+  auto distributor = [&](int node, int b) {
+    if (topo.node_of[static_cast<std::size_t>(b)] == node) return b;
+    const auto& m = topo.members[static_cast<std::size_t>(node)];
+    return m[static_cast<std::size_t>(topo.local_index_of[static_cast<std::size_t>(b)]) % m.size()];
+  };
+  const int my_node = topo.node();
+  for (int b = 0; b < n; ++b) {
+    const int home = topo.node_of[static_cast<std::size_t>(b)];
+    const int source = distributor(my_node, b);  // who holds block b on our node
+    // Phase 1: across nodes.
+    if (b == me) {
+      s.steps.push_back(step{.action = recv_action::copy, .recv_into = out(b), .reduce_with = in});
+      for (int node = 0; node < topo.nodes(); ++node) {
+        if (node != home) s.steps.push_back(step{.send_peer = distributor(node, b), .send_from = in});
+      }
+    } else if (source == me) {
+      s.steps.push_back(step{.recv_peer = b, .action = recv_action::store, .recv_into = out(b)});
+    }
+    // Phase 2: inside our node.
+    for (int q : topo.local_ranks()) {
+      if (q == me || q == source) continue;
+      if (source == me) s.steps.push_back(step{.send_peer = q, .send_from = b == me ? in : out(b)});
+    }
+    if (source != me) {
+      s.steps.push_back(step{.recv_peer = source, .action = recv_action::store, .recv_into = out(b)});
     }
   }
   return s;
