@@ -115,6 +115,18 @@ inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count)
   return s;
 }
 
+namespace detail {
+
+/// The rank of `node` that stands in for rank b there: b itself on its own node, else the
+/// rank with b's local index modulo the node's size (so the work spreads over the node).
+inline int delegate(const topology& topo, int node, int b) {
+  if (topo.node_of[static_cast<std::size_t>(b)] == node) return b;
+  const auto& m = topo.members[static_cast<std::size_t>(node)];
+  return m[static_cast<std::size_t>(topo.local_index_of[static_cast<std::size_t>(b)]) % m.size()];
+}
+
+}  // namespace detail
+
 // reduce_scatter: rank b ends with block b reduced. On every node one rank collects each block
 // (block b's collector on node j is its local rank local(b) mod m_j; on b's own node, b):
 //   phase 1, inside nodes: every other local rank sends its copy of the block to the
@@ -132,11 +144,7 @@ inline schedule hierarchical_reduce_scatter(const topology& topo, std::size_t bl
   // Partials of blocks we collect for other nodes live in scratch, one slot per block.
   auto slot = [&](int b) { return region{buffer_id::scratch, static_cast<std::size_t>(b) * block, block}; };
   const region out{buffer_id::output, 0, block};
-  auto collector = [&](int node, int b) {
-    if (topo.node_of[static_cast<std::size_t>(b)] == node) return b;
-    const auto& m = topo.members[static_cast<std::size_t>(node)];
-    return m[static_cast<std::size_t>(topo.local_index_of[static_cast<std::size_t>(b)]) % m.size()];
-  };
+  auto collector = [&](int node, int b) { return detail::delegate(topo, node, b); };
   const int my_node = topo.node();
   bool uses_scratch = false;
   for (int b = 0; b < n; ++b) {
@@ -186,11 +194,7 @@ inline schedule hierarchical_all_gather(const topology& topo, std::size_t block)
   const int me = topo.rank;
   auto out = [&](int b) { return region{buffer_id::output, static_cast<std::size_t>(b) * block, block}; };
   const region in{buffer_id::input, 0, block};
-  auto distributor = [&](int node, int b) {
-    if (topo.node_of[static_cast<std::size_t>(b)] == node) return b;
-    const auto& m = topo.members[static_cast<std::size_t>(node)];
-    return m[static_cast<std::size_t>(topo.local_index_of[static_cast<std::size_t>(b)]) % m.size()];
-  };
+  auto distributor = [&](int node, int b) { return detail::delegate(topo, node, b); };
   const int my_node = topo.node();
   for (int b = 0; b < n; ++b) {
     const int home = topo.node_of[static_cast<std::size_t>(b)];
