@@ -2,7 +2,9 @@
 // The machinery behind chorus::communicator: validation, algorithm choice, progress engine.
 #pragma once
 
+#include <array>
 #include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -53,7 +55,7 @@ struct op_desc {
   reduce_op op = reduce_op::sum;
   algo algorithm = algo::automatic;
   std::uint64_t seq = 0;
-  std::shared_ptr<op_state> state = std::make_shared<op_state>();
+  std::shared_ptr<op_state> state = nullptr;  ///< made for queued operations only (see submit)
 };
 
 }  // namespace detail
@@ -102,42 +104,74 @@ struct communicator::impl {
     if (worker.joinable()) worker.join();
   }
 
-  void execute(detail::op_desc& d) noexcept {
+  /// Runs one operation; returns its failure, if any. The first failure breaks the
+  /// communicator: later operations fail with it, and the peers are told at once.
+  std::exception_ptr execute(detail::op_desc& d) noexcept {
+    std::exception_ptr eptr;
+    std::string why;
     try {
       if (broken) std::rethrow_exception(broken);
       run(d);
-      d.state->finish(nullptr);
-    } catch (const error& e) {
-      auto eptr = std::current_exception();
-      if (!broken) {
-        broken = eptr;
-        transport->abort(e.what());  // let the peers fail now rather than at their timeouts
-      }
-      d.state->finish(eptr);
+      return nullptr;
     } catch (const std::exception& e) {
-      // std::bad_alloc and the like: this rank cannot go on, so neither can its peers.
-      auto eptr = std::current_exception();
-      if (!broken) {
-        broken = eptr;
-        transport->abort(e.what());
-      }
-      d.state->finish(eptr);
+      // chorus::error, and std::bad_alloc and the like: this rank cannot go on, so neither
+      // can its peers.
+      eptr = std::current_exception();
+      why = e.what();
     } catch (...) {
-      auto eptr = std::current_exception();
-      if (!broken) {
-        broken = eptr;
-        transport->abort("unknown exception");
-      }
-      d.state->finish(eptr);
+      eptr = std::current_exception();
+      why = "unknown exception";
     }
+    if (!broken) {
+      broken = eptr;
+      transport->abort(why);  // let the peers fail now rather than at their timeouts
+    }
+    return eptr;
+  }
+
+  /// Schedules are pure functions of (kind, algorithm, count) for a communicator, and
+  /// training loops repeat the same few calls: keep the last few instead of rebuilding.
+  struct cached_schedule {
+    collective kind;
+    algo algorithm;
+    std::size_t count;
+    schedule s;
+  };
+  std::array<std::optional<cached_schedule>, 4> schedules;
+  std::size_t next_schedule = 0;
+
+  const schedule& schedule_for(const detail::op_desc& d) {
+    for (const auto& c : schedules) {
+      if (c && c->kind == d.kind && c->algorithm == d.algorithm && c->count == d.count) return c->s;
+    }
+    const int n = info.size;
+    const int r = info.rank;
+    schedule s;
+    switch (d.kind) {
+      case collective::all_reduce:
+        s = d.algorithm == algo::recursive_doubling ? recursive_doubling_all_reduce(r, n, d.count)
+            : d.algorithm == algo::hierarchical     ? hierarchical_all_reduce(topo, d.count)
+                                                    : ring_all_reduce(r, n, d.count);
+        break;
+      case collective::reduce_scatter:
+        s = d.algorithm == algo::hierarchical ? hierarchical_reduce_scatter(topo, d.count)
+                                              : ring_reduce_scatter(r, n, d.count);
+        break;
+      case collective::all_gather:
+        s = d.algorithm == algo::hierarchical ? hierarchical_all_gather(topo, d.count)
+                                              : ring_all_gather(r, n, d.count);
+        break;
+    }
+    auto& slot = schedules[next_schedule++ % schedules.size()];
+    slot = cached_schedule{d.kind, d.algorithm, d.count, std::move(s)};
+    return slot->s;
   }
 
   void run(const detail::op_desc& d) {
     const int n = info.size;
-    const int r = info.rank;
     const std::size_t es = size_of(d.type);
     const auto nn = static_cast<std::size_t>(n);
-    schedule s;
+    const schedule& s = schedule_for(d);
     op_buffers b;
     b.input = static_cast<const std::byte*>(d.in);
     b.output = static_cast<std::byte*>(d.out);
@@ -145,20 +179,13 @@ struct communicator::impl {
     b.reduce = reduce_function(d.type, d.op);
     switch (d.kind) {
       case collective::all_reduce:
-        s = d.algorithm == algo::recursive_doubling ? recursive_doubling_all_reduce(r, n, d.count)
-            : d.algorithm == algo::hierarchical     ? hierarchical_all_reduce(topo, d.count)
-                                                    : ring_all_reduce(r, n, d.count);
         b.input_bytes = b.output_bytes = d.count * es;
         break;
       case collective::reduce_scatter:
-        s = d.algorithm == algo::hierarchical ? hierarchical_reduce_scatter(topo, d.count)
-                                              : ring_reduce_scatter(r, n, d.count);
         b.input_bytes = d.count * nn * es;
         b.output_bytes = d.count * es;
         break;
       case collective::all_gather:
-        s = d.algorithm == algo::hierarchical ? hierarchical_all_gather(topo, d.count)
-                                              : ring_all_gather(r, n, d.count);
         b.input_bytes = d.count * es;
         b.output_bytes = d.count * nn * es;
         break;
@@ -232,20 +259,21 @@ struct communicator::impl {
     d.algorithm = choose(d);
     std::unique_lock lk(m);
     d.seq = next_seq++;
-    auto state = d.state;
     if (!async && queue.empty() && !busy) {
       // Nothing queued: run on the caller's thread, saving two thread hand-offs (~10 µs on
-      // this machine, as much as a whole small all_reduce).
+      // this machine, as much as a whole small all_reduce) and the request's state.
       busy = true;
       lk.unlock();
-      execute(d);
+      const std::exception_ptr failure = execute(d);
       lk.lock();
       busy = false;
       if (!queue.empty()) cv.notify_all();
       lk.unlock();
-      request(state).wait();
-      return request(state);
+      if (failure) std::rethrow_exception(failure);
+      return request();
     }
+    d.state = std::make_shared<detail::op_state>();
+    auto state = d.state;
     queue.push_back(std::move(d));
     if (!worker.joinable()) worker = std::thread([this] { work(); });
     lk.unlock();
@@ -264,7 +292,7 @@ struct communicator::impl {
       queue.pop_front();
       busy = true;
       lk.unlock();
-      execute(d);
+      d.state->finish(execute(d));
       lk.lock();
       busy = false;
       cv.notify_all();

@@ -121,7 +121,8 @@ class executor {
   std::size_t slice_ = 0;
 
   // Per-run state; the vectors keep their capacity between operations.
-  std::vector<step_state> steps_;
+  std::vector<step_state> steps_;  // the first nsteps_ belong to the running schedule
+  std::size_t nsteps_ = 0;
   std::deque<inflight> sends_, recvs_;
   std::size_t send_step_ = 0, recv_step_ = 0;
   std::size_t next_slot_ = 0;
@@ -167,11 +168,18 @@ inline void executor::plan(const schedule& s, const op_buffers& b) {
     }
   }
 
-  steps_.clear();
-  steps_.resize(s.steps.size());
+  // Reset in place: the hazard lists keep their capacity, so a repeated small operation
+  // allocates nothing here.
+  if (steps_.size() < s.steps.size()) steps_.resize(s.steps.size());
   for (std::size_t i = 0; i < s.steps.size(); ++i) {
     const step& st = s.steps[i];
     step_state& ss = steps_[i];
+    ss.send = ss.recv = ss.local = place{};
+    ss.send_slices = ss.recv_slices = 0;
+    ss.send_posted = ss.send_done = ss.recv_posted = ss.recv_done = 0;
+    ss.send_after_writes.clear();
+    ss.recv_after_sends.clear();
+    ss.recv_after_writes.clear();
     if (st.send_peer >= 0) {
       ss.send = resolve(st.send_from, b, a);
       ss.send_slices = slices_of(ss.send.bytes, slice_);
@@ -253,7 +261,7 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
   }
 
   // 2. Post sends in schedule order while the window has room and the data is ready.
-  while (send_step_ < steps_.size() && sends_.size() < opts_.window) {
+  while (send_step_ < nsteps_ && sends_.size() < opts_.window) {
     step_state& ss = steps_[send_step_];
     const step& st = s.steps[send_step_];
     if (st.send_peer < 0 || ss.send_posted == ss.send_slices) {
@@ -277,7 +285,7 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
   }
 
   // 3. Post receives (and run local copies) in schedule order.
-  while (recv_step_ < steps_.size() && recvs_.size() < opts_.window) {
+  while (recv_step_ < nsteps_ && recvs_.size() < opts_.window) {
     step_state& ss = steps_[recv_step_];
     const step& st = s.steps[recv_step_];
     if (st.action == recv_action::none || ss.recv_posted == ss.recv_slices) {
@@ -337,6 +345,7 @@ inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
   slice_ = std::max<std::size_t>(1, wanted / b.elem_size) * b.elem_size;
   staging_.reserve(opts_.window * slice_);
   scratch_.reserve(s.scratch_count * b.elem_size);
+  nsteps_ = s.steps.size();
   plan(s, b);
   sends_.clear();
   recvs_.clear();
@@ -347,24 +356,33 @@ inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
   // and nothing posted is left in flight: then every step is done. O(1) per loop turn,
   // where scanning the steps would cost O(P) on every spin.
   auto finished = [&] {
-    return sends_.empty() && recvs_.empty() && send_step_ == steps_.size() &&
-           recv_step_ == steps_.size();
+    return sends_.empty() && recvs_.empty() && send_step_ == nsteps_ && recv_step_ == nsteps_;
   };
   try {
-    auto last_move = clock::now();
+    // Reading the clock costs as much as a poll of shared memory on some VMs, so an idle
+    // loop reads it only every 16 turns; the spin starts at the first read after a move.
+    clock::time_point idle_since{};
+    bool idle = false;
+    unsigned idle_turns = 0;
     for (;;) {
       bool moved = advance(s, fp, b);
       if (finished()) return;
       moved = transport_.progress() || moved;
       if (moved) {
-        last_move = clock::now();
+        idle = false;
+        idle_turns = 0;
         continue;
       }
+      if (++idle_turns % 16 != 0 && opts_.spin.count() > 0) continue;
       const auto now = clock::now();
       if (now >= deadline) fail_timeout(s, fp, timeout);
+      if (!idle) {
+        idle = true;
+        idle_since = now;
+      }
       // Spin briefly (a reply often lands within microseconds), then sleep in the kernel so
       // that ranks sharing a core with us can run.
-      if (now - last_move > opts_.spin) transport_.wait(deadline);
+      if (now - idle_since >= opts_.spin) transport_.wait(deadline);
     }
   } catch (const error& e) {
     // Transfers point into sends_/recvs_: drop them only after the transport forgot them,

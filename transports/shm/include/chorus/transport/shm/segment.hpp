@@ -36,7 +36,7 @@ namespace chorus::detail {
 // memory (tmpfs allocates pages on first write).
 
 inline constexpr std::uint32_t shm_magic = 0x4d534843;  // "CHSM"
-inline constexpr std::uint32_t shm_version = 1;
+inline constexpr std::uint32_t shm_version = 2;
 inline constexpr std::size_t shm_abort_text = 960;
 
 struct alignas(64) shm_header {
@@ -46,6 +46,7 @@ struct alignas(64) shm_header {
   std::uint32_t reserved;
   std::uint64_t ring_bytes;
   std::uint64_t total_bytes;
+  std::uint64_t salt;  ///< random per segment; mixed into frame tags (channel.hpp)
 };
 
 struct alignas(64) shm_member {
@@ -155,6 +156,8 @@ class shm_segment {
     h->members = static_cast<std::uint32_t>(layout.members);
     h->ring_bytes = layout.ring_bytes;
     h->total_bytes = layout.total();
+    std::random_device rd;
+    h->salt = (std::uint64_t{rd()} << 32) ^ rd();
     h->version = shm_version;
     for (std::size_t i = 0; i < layout.members; ++i) new (&s.member(i)) shm_member{};
     for (std::size_t i = 0; i < layout.members * layout.members; ++i) {
@@ -198,6 +201,7 @@ class shm_segment {
     return base_ + layout_.data_offset() + (from * layout_.members + to) * layout_.ring_bytes;
   }
   const shm_layout& layout() const { return layout_; }
+  std::uint64_t salt() const { return reinterpret_cast<const shm_header*>(base_)->salt; }
 
  private:
   static shm_segment map(int fd, const std::string& name, shm_layout layout) {

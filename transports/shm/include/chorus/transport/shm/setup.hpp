@@ -82,9 +82,10 @@ inline shm_transport shm_transport::connect(tcp_store& store, const launch_info&
     t.slot_of_[static_cast<std::size_t>(peer_rank)] = t.peers_.size();
     peer_link p{peer_rank,
                 &peer,
-                shm_sender(&t.seg_->ring_ctl(i, j), {t.seg_->ring_data(i, j), opts.ring_bytes}, &peer),
+                shm_sender(&t.seg_->ring_ctl(i, j), {t.seg_->ring_data(i, j), opts.ring_bytes}, &peer,
+                           t.seg_->salt()),
                 shm_receiver(&t.seg_->ring_ctl(j, i), {t.seg_->ring_data(j, i), opts.ring_bytes},
-                             &peer, info.rank, peer_rank),
+                             &peer, t.seg_->salt(), info.rank, peer_rank),
                 unique_fd(),
                 0,
                 false};
