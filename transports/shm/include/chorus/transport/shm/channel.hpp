@@ -92,10 +92,10 @@ class shm_sender {
     while (!txq_.empty()) {
       transfer* x = txq_.front();
       const std::size_t frame = shm_frame_bytes(x->length);
-      std::size_t free = ring_.bytes - static_cast<std::size_t>(head_ - tail_);
+      std::size_t free = room();
       if (free < std::min(frame - off_, shm_publish_bytes)) {
         tail_ = ctl_->tail.load(std::memory_order_acquire);
-        free = ring_.bytes - static_cast<std::size_t>(head_ - tail_);
+        free = room();
         // A frame starts only with its whole first line free: the tag covers that line.
         if (free == 0 || (off_ == 0 && free < shm_line)) break;
       }
@@ -117,6 +117,13 @@ class shm_sender {
   }
 
  private:
+  /// Free bytes: the consumer's tail only grows and never passes our head, but a tail we
+  /// cannot trust (memory shared with another process) must not make us overrun the ring.
+  std::size_t room() const {
+    const std::uint64_t used = head_ - tail_;
+    return used > ring_.bytes ? 0 : ring_.bytes - static_cast<std::size_t>(used);
+  }
+
   /// Writes bytes [from, from + n) of x's frame at head_: the header and payload parts of
   /// them (the tag is stored apart, the padding is never read).
   void write_frame_bytes(const transfer& x, std::size_t from, std::size_t n) {
@@ -247,9 +254,13 @@ class shm_receiver {
     return head_ >= rd_ + n;
   }
 
-  /// The producer may reuse everything before the first payload still lent.
+  /// The producer may reuse everything before the first payload still lent, and before the
+  /// frame being parsed unless its payload is already being copied out (a frame whose header
+  /// we have read may still be lent whole, tag and header included, so the tail must not
+  /// pass its start meanwhile: a tail that moved back would let the producer overrun us).
   void publish_tail() {
-    const std::uint64_t t = lent_.empty() ? rd_ : lent_.front().start;
+    const std::uint64_t current = have_header_ && got_ == 0 ? frame_start_ : rd_;
+    const std::uint64_t t = lent_.empty() ? current : lent_.front().start;
     if (t != published_) {
       ctl_->tail.store(t, std::memory_order_release);
       published_ = t;
