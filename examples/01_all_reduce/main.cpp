@@ -8,7 +8,7 @@
 //   [2] rank 2 of 4: 10 10 10 10
 //   [3] rank 3 of 4: 10 10 10 10
 #include <chorus/chorus.hpp>
-#include <chorus/transport/tcp.hpp>
+#include <chorus/transport/auto.hpp>
 
 #include <cstdio>
 #include <span>
@@ -18,7 +18,7 @@ int main() {
   try {
     // Rank, world size and the rendezvous address come from the launcher's environment
     // (chorus-run, torchrun, mpirun, srun); TCP carries the data.
-    chorus::communicator comm = chorus::communicator::from_env<chorus::tcp_transport>();
+    chorus::communicator comm = chorus::communicator::from_env<chorus::auto_transport>();
 
     std::vector<float> data(4, static_cast<float>(comm.rank() + 1));
     comm.all_reduce(std::span{data});  // in place; the default op is sum

@@ -28,7 +28,7 @@
 // reduced gradient, so replicas stay bit-identical and the curve differs from the single
 // process only by the order in which the all_reduce adds the shard sums.
 #include <chorus/chorus.hpp>
-#include <chorus/transport/tcp.hpp>
+#include <chorus/transport/auto.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -244,7 +244,7 @@ int train(chorus::communicator& comm) {
 
 int main() {
   try {
-    chorus::communicator comm = chorus::communicator::from_env<chorus::tcp_transport>();
+    chorus::communicator comm = chorus::communicator::from_env<chorus::auto_transport>();
     return train(comm);
   } catch (const chorus::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
