@@ -165,7 +165,9 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     }
     sock_addr from;
     from.length = sizeof from.storage;
-    unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_CLOEXEC));
+    // Non-blocking, so that recv_exact below keeps its deadline: a stranger that connects
+    // and sends nothing must not hang the set-up.
+    unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) continue;
     tcp_hello hello{};
     const bool ok = recv_exact(fd.get(), &hello, sizeof hello,
