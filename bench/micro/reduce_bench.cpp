@@ -38,37 +38,18 @@ arena& buffers() {
 // Fills with the value 1 (sums stay small, products stay 1): no NaN, infinity or subnormal
 // slow paths, just the arithmetic every training step does.
 void fill_with_ones(chorus::dtype t, std::byte* p, std::size_t bytes) {
-  const std::size_t n = bytes / chorus::size_of(t);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::byte* at = p + i * chorus::size_of(t);
-    switch (t) {
-      case chorus::dtype::float32: {
-        const float v = 1.0f;
-        std::memcpy(at, &v, sizeof v);
-        break;
-      }
-      case chorus::dtype::float64: {
-        const double v = 1.0;
-        std::memcpy(at, &v, sizeof v);
-        break;
-      }
-      case chorus::dtype::float16: {
-        const auto v = chorus::to_half(1.0f);
-        std::memcpy(at, &v, sizeof v);
-        break;
-      }
-      case chorus::dtype::bfloat16: {
-        const auto v = chorus::to_bfloat16(1.0f);
-        std::memcpy(at, &v, sizeof v);
-        break;
-      }
-      default: {
-        std::memset(at, 0, chorus::size_of(t));
-        at[0] = std::byte{1};  // little-endian 1
-        break;
-      }
-    }
+  // One element's bytes, worked out once, then copied into every slot.
+  const std::size_t es = chorus::size_of(t);
+  std::byte one[8] = {};
+  auto set = [&](auto v) { std::memcpy(one, &v, sizeof v); };
+  switch (t) {
+    case chorus::dtype::float32: set(1.0f); break;
+    case chorus::dtype::float64: set(1.0); break;
+    case chorus::dtype::float16: set(chorus::to_half(1.0f)); break;
+    case chorus::dtype::bfloat16: set(chorus::to_bfloat16(1.0f)); break;
+    default: one[0] = std::byte{1}; break;  // little-endian integer 1
   }
+  for (std::size_t at = 0; at + es <= bytes; at += es) std::memcpy(p + at, one, es);
 }
 
 void bench_memcpy(benchmark::State& state) {

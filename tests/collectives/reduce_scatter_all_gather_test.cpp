@@ -67,7 +67,7 @@ void check_all_gather(communicator& comm, std::size_t block, std::size_t misalig
 }  // namespace
 
 TEST_CASE("reduce_scatter leaves block r reduced on rank r for every dtype and op, 1 to 8 ranks") {
-  for (int n : {1, 2, 3, 4, 5, 8}) {
+  for (int n : test::all_world_sizes) {
     CAPTURE(n);
     run_ranks(n, [](communicator& comm) {
       std::uint64_t seed = 100;
@@ -87,7 +87,7 @@ TEST_CASE("reduce_scatter leaves block r reduced on rank r for every dtype and o
 }
 
 TEST_CASE("all_gather delivers every rank's block to every rank for every dtype, 1 to 8 ranks") {
-  for (int n : {1, 2, 3, 4, 5, 8}) {
+  for (int n : test::all_world_sizes) {
     CAPTURE(n);
     run_ranks(n, [](communicator& comm) {
       std::uint64_t seed = 200;

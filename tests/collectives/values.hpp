@@ -35,6 +35,9 @@ inline constexpr dtype all_dtypes[] = {dtype::float32, dtype::float64, dtype::fl
                                        dtype::uint64};
 inline constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::min,
                                         reduce_op::max, reduce_op::avg};
+// The world sizes the exhaustive tests sweep: one rank alone, powers of two, and the odd
+// sizes 3 and 5, whose ranks cannot all pair up.
+inline constexpr int all_world_sizes[] = {1, 2, 3, 4, 5, 8};
 
 inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

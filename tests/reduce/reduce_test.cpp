@@ -103,6 +103,21 @@ double reference_floating(reduce_op op, double a, double b) {
   return 0;
 }
 
+// A double result as T: NaN becomes the canonical NaN; otherwise rounded once to float, then
+// to half or bfloat16 with the scalar conversions (double is its own reference).
+template <class T>
+T narrow(double r) {
+  if (std::isnan(r)) return canonical_nan<T>();
+  if constexpr (std::is_same_v<T, double>) {
+    return r;
+  } else {
+    const auto f = static_cast<float>(r);
+    if constexpr (std::is_same_v<T, float>) return f;
+    if constexpr (std::is_same_v<T, half>) return chorus::to_half(f);
+    if constexpr (std::is_same_v<T, bfloat16>) return chorus::to_bfloat16(f);
+  }
+}
+
 // The expected a op b. float, half and bfloat16 are computed in double and rounded once to
 // float, which equals rounding the exact result to float (53 >= 2*24 + 2 bits), then narrowed
 // with the scalar conversions; double has nothing wider that avoids double rounding, so it is
@@ -121,16 +136,7 @@ T reference(reduce_op op, T a, T b) {
     }
     return T{};
   } else {
-    const double r = reference_floating(op, widen(a), widen(b));
-    if (std::isnan(r)) return canonical_nan<T>();
-    if constexpr (std::is_same_v<T, double>) {
-      return r;
-    } else {
-      const auto f = static_cast<float>(r);
-      if constexpr (std::is_same_v<T, float>) return f;
-      if constexpr (std::is_same_v<T, half>) return chorus::to_half(f);
-      if constexpr (std::is_same_v<T, bfloat16>) return chorus::to_bfloat16(f);
-    }
+    return narrow<T>(reference_floating(op, widen(a), widen(b)));
   }
 }
 
@@ -556,19 +562,7 @@ TEST_CASE_TEMPLATE("divide_by matches dividing in higher precision and rounding 
             // Division by an exactly representable n: one rounding of the double quotient to
             // float equals the float quotient (53 >= 2*24 + 2), so double is a valid reference
             // for float, half and bfloat16.
-            const double q = widen(values[i]) / static_cast<double>(n);
-            T want;
-            if (std::isnan(q)) {
-              want = canonical_nan<T>();
-            } else if constexpr (std::is_same_v<T, double>) {
-              want = q;
-            } else if constexpr (std::is_same_v<T, float>) {
-              want = static_cast<float>(q);
-            } else if constexpr (std::is_same_v<T, half>) {
-              want = chorus::to_half(static_cast<float>(q));
-            } else {
-              want = chorus::to_bfloat16(static_cast<float>(q));
-            }
+            const T want = narrow<T>(widen(values[i]) / static_cast<double>(n));
             if (bits_of(got) != bits_of(want) && wrong++ == 0) {
               first = hex(values[i]) + " / " + std::to_string(n) + " gave " + hex(got) +
                       ", expected " + hex(want);

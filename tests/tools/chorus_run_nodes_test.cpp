@@ -199,12 +199,7 @@ TEST_CASE("--nodes with a wrong -n, a bad count or a bad rate is refused with ex
         "--nodes 1,,2 true", "--nodes 1,0 true", "--nodes 2, true", "--nodes 64 -n 17 true",
         "--nodes 2 -n 1 --link-rate fast true", "--nodes 2 -n 1 --link-rate 100 true",
         "-n 2 --link-rate 2gbit true", "-n 2 --net-stats true", "--nodes 2 -n 1"}) {
-    CAPTURE(args);
-    auto r = run(args);
-    CHECK(r.exit_code == 2);
-    CHECK(r.err.find("chorus-run: ") == 0);
-    CHECK(r.err.find("usage: chorus-run") != std::string::npos);
-    CHECK(r.out.empty());
+    check_usage_error(args);
   }
   auto r = run("--nodes 1,2 -n 4 true");
   CHECK(r.err.find("-n 4 does not match --nodes, which lists 3 ranks") != std::string::npos);

@@ -81,6 +81,17 @@ inline std::string chorus_run() { return std::string("'") + CHORUS_RUN_PATH + "'
 // Runs chorus-run with the given arguments (a shell-quoted string).
 inline run_result run(const std::string& args) { return run_shell(chorus_run() + " " + args); }
 
+// chorus-run refuses `args` as bad usage: exit 2, its name first, the usage text, and nothing
+// started that could print to stdout.
+inline void check_usage_error(const char* args) {
+  CAPTURE(args);
+  auto r = run(args);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("chorus-run: ") == 0);
+  CHECK(r.err.find("usage: chorus-run") != std::string::npos);
+  CHECK(r.out.empty());
+}
+
 // True once a process no longer runs: gone, or a zombie waiting for its new parent.
 inline bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return true;

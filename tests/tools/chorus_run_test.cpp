@@ -173,12 +173,7 @@ TEST_CASE("bad usage is explained and exits 2") {
   for (const char* args : {"", "true", "-n", "-n 0 true", "-n 1025 true", "-n x true",
                            "-n 2", "-n 2 --port 0 true", "-n 2 --timeout -1 true",
                            "-n 2 --bogus true"}) {
-    CAPTURE(args);
-    auto r = run(args);
-    CHECK(r.exit_code == 2);
-    CHECK(r.err.find("chorus-run: ") == 0);
-    CHECK(r.err.find("usage: chorus-run") != std::string::npos);
-    CHECK(r.out.empty());
+    check_usage_error(args);
   }
 }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Runs a helper command (ip, tc) to completion with a deadline and reports how it failed.
+// Starts chorus-run's children: the shared fork, and helper commands (ip, tc) run to completion
+// with a deadline.
 #include "command.hpp"
 
 #include <fcntl.h>
@@ -39,6 +40,25 @@ std::string trimmed(std::string text) {
 
 }  // namespace
 
+pid_t fork_for_exec() {
+  sigset_t all, old;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &old);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    for (int sig : handled_signals) ::signal(sig, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    return 0;
+  }
+  int fork_errno = errno;
+  if (pid > 0) ::setpgid(pid, pid);
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  errno = fork_errno;
+  return pid;
+}
+
 command_result run_command(const std::vector<std::string>& argv, std::chrono::seconds limit) {
   command_result result;
   std::vector<char*> args;
@@ -51,16 +71,8 @@ command_result run_command(const std::vector<std::string>& argv, std::chrono::se
     return result;
   }
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  // As for the ranks: no handler of ours may run in the child between fork and exec, where it
-  // would write into the parent's signal pipe.
-  sigset_t all, old;
-  sigfillset(&all);
-  ::sigprocmask(SIG_BLOCK, &all, &old);
-  pid_t pid = ::fork();
+  pid_t pid = fork_for_exec();
   if (pid == 0) {
-    ::setpgid(0, 0);
-    for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);  // EINVAL for KILL/STOP: fine
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
     if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(out[1], STDERR_FILENO);
@@ -70,7 +82,6 @@ command_result run_command(const std::vector<std::string>& argv, std::chrono::se
     ::_exit(127);
   }
   int fork_errno = errno;
-  ::sigprocmask(SIG_SETMASK, &old, nullptr);
   if (devnull >= 0) ::close(devnull);
   ::close(out[1]);
   if (pid < 0) {

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Runs a helper command (ip, tc) to completion with a deadline and reports how it failed.
+// Starts chorus-run's children: the fork every child (rank or helper) goes through, and helper
+// commands (ip, tc) run to completion with a deadline, reporting how they failed.
 #pragma once
+
+#include <signal.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <string>
@@ -11,6 +15,18 @@ namespace chorus_run {
 // How long one `ip` or `tc` call may take before it is killed. They finish in milliseconds;
 // the bound is there so that a wedged helper cannot hang chorus-run (or its cleanup) forever.
 inline constexpr std::chrono::seconds command_time_limit{30};
+
+// The signals chorus-run catches, turning each into a byte on its self-pipe.
+inline constexpr int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+// fork() for a child that will exec. Every signal stays blocked across the fork, so that no
+// handler of ours runs in the child (where it would write into the parent's self-pipe) before
+// the child has put handled_signals and SIGPIPE (which chorus-run ignores) back to their
+// defaults; then the child gets the caller's signal mask back. Other dispositions are inherited
+// as chorus-run got them. The child leads its own process group, set from both sides so that
+// the group exists before the parent may signal it. In the child, only async-signal-safe calls
+// may follow. Returns what fork() returns, with fork's errno when it fails.
+pid_t fork_for_exec();
 
 struct command_result {
   bool ok = false;      // exited 0

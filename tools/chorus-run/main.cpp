@@ -62,6 +62,7 @@
 #include <system_error>
 #include <vector>
 
+#include "command.hpp"
 #include "emulated_network.hpp"
 
 extern char** environ;
@@ -332,7 +333,7 @@ extern "C" void on_signal(int sig) {
   errno = saved;
 }
 
-constexpr int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+using chorus_run::handled_signals;
 
 struct stream {
   int fd = -1;    // read end of the rank's pipe; -1 once at EOF
@@ -534,18 +535,9 @@ class launcher {
     const int netns_fd =
         network_ ? network_->namespace_fd(places_[static_cast<std::size_t>(r)].node) : -1;
 
-    // Block our signals across fork so the child cannot run our handler (which would write
-    // into the parent's self-pipe) before it resets the dispositions.
-    sigset_t all, old;
-    sigfillset(&all);
-    ::sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t pid = ::fork();
+    pid_t pid = chorus_run::fork_for_exec();
     if (pid == 0) {
       // Child: only async-signal-safe calls from here to exec.
-      ::setpgid(0, 0);
-      for (int sig : handled_signals) ::signal(sig, SIG_DFL);
-      ::signal(SIGPIPE, SIG_DFL);
-      ::sigprocmask(SIG_SETMASK, &old, nullptr);
 #if defined(__linux__)
       // If chorus-run itself dies (even by SIGKILL), take the rank with it.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -563,9 +555,6 @@ class launcher {
       ::_exit(127);
     }
     int fork_errno = errno;
-    // Also set the group from the parent, so it exists before we might signal it.
-    if (pid > 0) ::setpgid(pid, pid);
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
     if (devnull >= 0) ::close(devnull);
     ::close(out[1]);
     ::close(err[1]);

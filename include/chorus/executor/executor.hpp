@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,8 @@ class executor {
   bool sent_upto(std::uint32_t t, std::size_t k) const {
     return steps_[t].send_done >= std::min(k + 1, steps_[t].send_slices);
   }
+  /// k for "every slice": written_upto and sent_upto then ask for the step's last slice.
+  static constexpr std::size_t whole_step = std::numeric_limits<std::size_t>::max() - 1;
   /// May slice k of this step's destination be written now?
   bool hazards_clear(const step_state& ss, std::size_t k) const {
     for (auto t : ss.recv_after_sends) {
@@ -237,24 +240,25 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
   while (!recvs_.empty() && recvs_.front().x.done) {
     inflight& f = recvs_.front();
     step_state& ss = steps_[f.step];
-    const int peer = s.steps[f.step].recv_peer;
-    if (s.steps[f.step].action == recv_action::reduce && !hazards_clear(ss, f.slice)) {
+    const step& st = s.steps[f.step];
+    const bool reducing = st.action == recv_action::reduce;
+    if (reducing && !hazards_clear(ss, f.slice)) {
       if (f.x.lent) {
         // Lent memory must not wait on our hazards: the peer may need that room before it
         // can send what clears them. Take a copy into our own slot and give it back.
         std::byte* own = staging_.data() + f.slot * slice_;
         std::memcpy(own, f.x.data, f.x.length);
-        transport_.release(peer, &f.x);
+        transport_.release(st.recv_peer, &f.x);
         f.x.data = own;
         f.x.lent = false;
       }
       break;
     }
-    if (s.steps[f.step].action == recv_action::reduce && f.x.length > 0) {
+    if (reducing && f.x.length > 0) {
       const std::size_t off = f.slice * slice_;
       b.reduce(ss.recv.ptr + off, ss.local.ptr + off, f.x.data, f.x.length / b.elem_size);
     }
-    if (f.x.lent) transport_.release(peer, &f.x);
+    if (f.x.lent) transport_.release(st.recv_peer, &f.x);
     ++ss.recv_done;
     recvs_.pop_front();
     moved = true;
@@ -293,10 +297,9 @@ inline bool executor::advance(const schedule& s, const detail::op_fingerprint& f
       continue;
     }
     if (st.action == recv_action::copy) {
-      bool ready = true;
-      for (auto t : ss.recv_after_sends) ready = ready && steps_[t].send_done == steps_[t].send_slices;
-      for (auto t : ss.recv_after_writes) ready = ready && steps_[t].recv_done == steps_[t].recv_slices;
-      if (!ready || !recvs_.empty()) break;  // earlier receives may still write our source
+      // A copy moves its whole region at once, so every hazard must be wholly done; earlier
+      // receives may still write our source. (Cheap test first: this runs on every spin.)
+      if (!recvs_.empty() || !hazards_clear(ss, whole_step)) break;
       if (ss.recv.bytes > 0 && ss.recv.ptr != ss.local.ptr) {
         std::memmove(ss.recv.ptr, ss.local.ptr, ss.recv.bytes);
       }

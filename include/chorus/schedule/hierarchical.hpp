@@ -150,7 +150,8 @@ inline schedule hierarchical_reduce_scatter(const topology& topo, std::size_t bl
   for (int b = 0; b < n; ++b) {
     const int home = topo.node_of[static_cast<std::size_t>(b)];
     // The accumulator of block b on this rank, if we collect it; `fresh` until first written.
-    const bool collecting = collector(my_node, b) == me;
+    const int local_collector = collector(my_node, b);
+    const bool collecting = local_collector == me;
     const region acc = b == me ? out : slot(b);
     bool fresh = true;
     auto add = [&](int from) {
@@ -163,7 +164,7 @@ inline schedule hierarchical_reduce_scatter(const topology& topo, std::size_t bl
       if (q == me) continue;
       if (collecting) {
         add(q);
-      } else if (q == collector(my_node, b)) {
+      } else if (q == local_collector) {
         s.steps.push_back(step{.send_peer = q, .send_from = in(b)});
       }
     }
@@ -209,11 +210,11 @@ inline schedule hierarchical_all_gather(const topology& topo, std::size_t block)
       s.steps.push_back(step{.recv_peer = b, .action = recv_action::store, .recv_into = out(b)});
     }
     // Phase 2: inside our node.
-    for (int q : topo.local_ranks()) {
-      if (q == me || q == source) continue;
-      if (source == me) s.steps.push_back(step{.send_peer = q, .send_from = b == me ? in : out(b)});
-    }
-    if (source != me) {
+    if (source == me) {
+      for (int q : topo.local_ranks()) {
+        if (q != me) s.steps.push_back(step{.send_peer = q, .send_from = b == me ? in : out(b)});
+      }
+    } else {
       s.steps.push_back(step{.recv_peer = source, .action = recv_action::store, .recv_into = out(b)});
     }
   }

@@ -44,11 +44,7 @@ class auto_transport {
     auto_transport t;
     t.rank_ = info.rank;
     t.size_ = info.size;
-    if (m == mode::shm && topo.nodes() > 1) {
-      throw error(errc::invalid_argument,
-                  "CHORUS_TRANSPORT=shm needs every rank on one node, but the job spans " +
-                      topo.describe() + " (use tcp or auto)");
-    }
+    if (m == mode::shm) detail::shm_require_one_node(topo);
     if (m != mode::tcp) t.shm_.emplace(shm_transport::connect(store, info, topo));
     // TCP to every rank that shared memory does not reach. Every rank decides the same way
     // from the same topology, so either all ranks make this collective call or none does.

@@ -11,14 +11,24 @@
 
 namespace chorus {
 
-inline shm_transport shm_transport::connect(tcp_store& store, const launch_info& info,
-                                            const shm_options& opts) {
-  const topology topo = discover_topology(store, info);
+namespace detail {
+
+/// Fails unless the job fits one node: CHORUS_TRANSPORT=shm asked for shared memory to every
+/// peer. One check and one message for shm_transport and auto_transport alike.
+inline void shm_require_one_node(const topology& topo) {
   if (topo.nodes() > 1) {
     throw error(errc::invalid_argument,
                 "CHORUS_TRANSPORT=shm needs every rank on one node, but the job spans " +
                     topo.describe() + " (use tcp or auto)");
   }
+}
+
+}  // namespace detail
+
+inline shm_transport shm_transport::connect(tcp_store& store, const launch_info& info,
+                                            const shm_options& opts) {
+  const topology topo = discover_topology(store, info);
+  detail::shm_require_one_node(topo);
   return connect(store, info, topo, opts);
 }
 
@@ -43,6 +53,7 @@ inline shm_transport shm_transport::connect(tcp_store& store, const launch_info&
   const bool alone = t.local_.size() == 1;
   const bool creator = t.my_index_ == 0;
   const shm_layout layout{t.local_.size(), opts.ring_bytes};
+  const std::uint64_t my_ns = pid_namespace_id();
 
   std::string name;
   try {
@@ -59,7 +70,7 @@ inline shm_transport shm_transport::connect(tcp_store& store, const launch_info&
         t.seg_ = std::make_unique<shm_segment>(shm_segment::open(name, layout));
       }
       shm_member& me = t.seg_->member(static_cast<std::size_t>(t.my_index_));
-      me.pid_ns = pid_namespace_id();
+      me.pid_ns = my_ns;
       me.pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
     }
     // 2. Once every member has mapped it, the name can go: the mappings keep the memory,
@@ -73,7 +84,6 @@ inline shm_transport shm_transport::connect(tcp_store& store, const launch_info&
   if (alone) return t;
 
   // 3. Wire a sender and a receiver to every other local rank, and watch its process.
-  const std::uint64_t my_ns = pid_namespace_id();
   for (std::size_t j = 0; j < t.local_.size(); ++j) {
     if (static_cast<int>(j) == t.my_index_) continue;
     const auto i = static_cast<std::size_t>(t.my_index_);
