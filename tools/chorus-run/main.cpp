@@ -62,6 +62,8 @@
 #include <system_error>
 #include <vector>
 
+#include <chorus/bootstrap/auth.hpp>
+
 #include "command.hpp"
 #include "emulated_network.hpp"
 
@@ -104,7 +106,9 @@ constexpr std::string_view usage_text =
     "Each rank gets CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_LOCAL_RANK, CHORUS_LOCAL_WORLD_SIZE,\n"
     "CHORUS_MASTER_ADDR=127.0.0.1 and CHORUS_MASTER_PORT; stdin is /dev/null. With --nodes,\n"
     "ranks are numbered node by node, the local variables count within the node,\n"
-    "CHORUS_MASTER_ADDR is node 0's address and CHORUS_SOCKET_IFNAME the node's interface.\n";
+    "CHORUS_MASTER_ADDR is node 0's address and CHORUS_SOCKET_IFNAME the node's interface.\n"
+    "Unless CHORUS_SECRET, CHORUS_SECRET_FILE or CHORUS_AUTH is set, every rank also gets\n"
+    "CHORUS_SECRET: a fresh random secret for this job, which its connections prove they know.\n";
 
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -403,6 +407,10 @@ class launcher {
     for (int sig : handled_signals) ::sigaction(sig, &sa, nullptr);
     // A closed stdout must not kill the supervisor; write_all() drops the output instead.
     ::signal(SIGPIPE, SIG_IGN);
+    // A secret per job, unless the user chose one (or chose none): then theirs passes through.
+    if (!chorus::job_secret::chosen_in_env()) {
+      secret_ = chorus::job_secret::generate_text();
+    }
     if (opt_.port != 0) {
       port_ = opt_.port;
     } else if (!opt_.node_sizes.empty()) {
@@ -493,6 +501,7 @@ class launcher {
     };
     // Without --nodes an inherited CHORUS_SOCKET_IFNAME passes through untouched, as before.
     if (network_) ours.emplace_back("CHORUS_SOCKET_IFNAME", chorus_run::node_interface);
+    if (!secret_.empty()) ours.emplace_back("CHORUS_SECRET", secret_);
     std::vector<std::string> env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
       std::string_view var = *e;
@@ -824,6 +833,7 @@ class launcher {
   std::vector<rank_place> places_;  // by rank
   std::optional<chorus_run::emulated_network> network_;  // with --nodes, while it exists
   int port_ = 0;
+  std::string secret_;  // the job's CHORUS_SECRET when we made it; never printed
   int signal_pipe_read_ = -1;
   std::vector<rank_process> ranks_;
   bool shutting_down_ = false;

@@ -2,12 +2,15 @@
 // The rendezvous store: a key-value store served by rank 0 over TCP, through which ranks meet.
 #pragma once
 
+#include <array>
+#include <chorus/bootstrap/auth.hpp>
 #include <chorus/bootstrap/env.hpp>
 #include <chorus/error.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -25,6 +28,11 @@ struct store_options {
   /// Rank 0 often finishes first; without this a slower rank's final get would see
   /// connection_lost. The server stops as soon as every rank has disconnected.
   std::chrono::milliseconds linger = std::chrono::seconds(10);
+  /// The job's secret, which every connection of the job (this store's and the transports')
+  /// proves it knows; see job_secret. Unset: connect() takes job_secret::from_env(), which
+  /// throws errc::invalid_argument when the environment names no secret and does not say
+  /// CHORUS_AUTH=none.
+  std::optional<job_secret> secret = std::nullopt;
 };
 
 /// A key-value store every rank of a job shares, hosted by rank 0. Used to exchange
@@ -53,6 +61,10 @@ struct store_options {
 ///     timeout or lost connection the store is unusable (connection_lost on every call).
 ///  8. Destroying rank 0's store lingers (store_options::linger) until every connected rank
 ///     has disconnected, so rank 0 may leave first.
+///  9. Every connection runs the mutual HMAC-SHA256 handshake over options.secret before a
+///     frame is read (DESIGN.md "Security model"): a client whose secret differs fails with
+///     errc::bootstrap saying so; the server closes connections that do not prove the secret
+///     within 5 s, logging one line each, and keeps serving the job.
 ///
 /// **Example**:
 ///   auto store = chorus::tcp_store::connect(chorus::launch_info_from_env());
@@ -81,6 +93,11 @@ class tcp_store {
 
   int rank() const noexcept;
   int size() const noexcept;
+  /// The job's secret, for the transports' own handshakes.
+  const job_secret& secret() const noexcept;
+  /// The random id rank 0's store minted for this job and vouched for in the handshake;
+  /// transports bind their handshakes to it. Not secret.
+  const std::array<std::byte, 16>& job_id() const noexcept;
 
   tcp_store(tcp_store&&) noexcept;
   tcp_store& operator=(tcp_store&&) noexcept;

@@ -6,8 +6,9 @@
 
 #include <algorithm>
 #include <array>
-#include <chorus/detail/socket.hpp>
+#include <chorus/bootstrap/detail/handshake.hpp>
 #include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/detail/socket.hpp>
 #include <chorus/bootstrap/detail/store_server.hpp>
 #include <chorus/bootstrap/store.hpp>
 #include <chorus/error.hpp>
@@ -105,7 +106,10 @@ struct tcp_store::state {
   detail::unique_fd fd;
   std::unique_ptr<detail::store_server> server;           // rank 0 only
   std::unordered_map<std::string, std::uint64_t> rounds;  // all_gather/barrier calls per key
+  detail::auth_id job{};                                  // vouched for by the server
   bool broken = false;
+
+  explicit state(store_options o) : options(std::move(o)) {}
 
   // The client closes first, so the server's linger counts only the other ranks.
   ~state() {
@@ -333,23 +337,36 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
                 "non-negative",
                 {}, std::nullopt, "connect");
   }
+  if (!options.secret) options.secret = job_secret::from_env();
   auto deadline = store_clock::now() + options.timeout;
-  auto s = std::make_unique<state>();
+  auto s = std::make_unique<state>(std::move(options));
   s->info = info;
-  s->options = options;
   s->address = store_host_port(info.master_addr, info.master_port);
   if (info.rank == 0) {
     s->server = std::make_unique<store_server>(info.master_addr,
                                                info.size == 1 ? std::uint16_t{0} : info.master_port,
-                                               info.size, options.timeout);
+                                               info.size, s->options.timeout,
+                                               *s->options.secret);
     s->info.master_port = s->server->port();
     s->address = s->server->address();
     s->server->start();
   }
   s->fd = s->connect_with_retry(deadline);
 
-  // Authentication goes here: answer the server's challenge and check its proof (mutual
-  // HMAC-SHA256 over the job secret, DESIGN.md "Security model") before sending hello.
+  // Prove the secret, and have the server prove it, before a frame is sent.
+  auth_hello proof_of;
+  proof_of.kind = auth_kind::store;
+  proof_of.initiator = static_cast<std::uint32_t>(info.rank);
+  proof_of.responder = 0;
+  proof_of.world = static_cast<std::uint32_t>(info.size);
+  auth_result proved;
+  if (auto why = auth_initiate(s->fd.get(), *s->options.secret, proof_of, deadline, proved)) {
+    throw error(errc::bootstrap,
+                "rank " + std::to_string(info.rank) + " could not authenticate with the "
+                "rendezvous store at " + s->address + ": " + *why,
+                {0}, std::nullopt, "connect");
+  }
+  s->job = proved.job;
 
   std::array<std::byte, store_hello_bytes> hello{};
   store_put_le(hello.data(), store_magic, 4);
@@ -373,7 +390,7 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
   if (!missing.empty()) {
     throw error(errc::timeout,
                 "rendezvous at " + s->address + " timed out after " +
-                    store_seconds_text(options.timeout) + ": " + store_ranks_text(missing) +
+                    store_seconds_text(s->options.timeout) + ": " + store_ranks_text(missing) +
                     " never arrived",
                 missing, std::nullopt, "connect");
   }
@@ -425,6 +442,10 @@ inline void tcp_store::barrier(std::string_view key) { state_->gather("barrier",
 
 inline int tcp_store::rank() const noexcept { return state_->info.rank; }
 inline int tcp_store::size() const noexcept { return state_->info.size; }
+inline const job_secret& tcp_store::secret() const noexcept { return *state_->options.secret; }
+inline const std::array<std::byte, 16>& tcp_store::job_id() const noexcept {
+  return state_->job;
+}
 
 inline tcp_store::tcp_store(std::unique_ptr<state> s) noexcept : state_(std::move(s)) {}
 inline tcp_store::tcp_store(tcp_store&&) noexcept = default;

@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chorus/detail/socket.hpp>
+#include <chorus/bootstrap/auth.hpp>
+#include <chorus/bootstrap/detail/handshake.hpp>
 #include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/detail/socket.hpp>
 #include <chorus/error.hpp>
 #include <chrono>
 #include <cstddef>
@@ -46,15 +48,22 @@ inline std::string store_hello_key(int rank) { return "__chorus/hello/" + std::t
 ///     costs nothing and bounds the server's memory per connection to one frame.
 ///  4. Waits have deadlines chosen by the client; when one passes the server answers
 ///     `timeout` listing the keys still missing, so the client can name the missing ranks.
+///  5. Nothing but the handshake (detail/handshake.hpp) is read from a connection until it
+///     has proved knowledge of the job secret; a connection that has not proved it and said
+///     hello within auth_timeout (5 s) is closed with a logged reason, so neither garbage
+///     nor a silent connection can hold a slot for long.
 class store_server {
  public:
   /// Binds and listens on `host`:`port` (port 0: an ephemeral port; see port()). Throws
-  /// chorus::error(errc::bootstrap) naming the address when it cannot be bound.
+  /// chorus::error(errc::bootstrap) naming the address when it cannot be bound. Clients must
+  /// prove they know `secret`; the server mints a random job id that it vouches for to them.
   store_server(const std::string& host, std::uint16_t port, int world_size,
-               std::chrono::milliseconds hello_timeout)
+               std::chrono::milliseconds hello_timeout, job_secret secret)
       : world_size_(world_size),
-        hello_timeout_(hello_timeout),
+        hello_timeout_(std::min<std::chrono::milliseconds>(hello_timeout, auth_timeout)),
+        secret_(std::move(secret)),
         by_rank_(static_cast<std::size_t>(world_size)) {
+    auth_random(job_);
     std::string reason;
     auto addresses = store_resolve(host, port, reason);
     address_ = store_host_port(host, port);
@@ -119,6 +128,8 @@ class store_server {
   /// The port actually listened on (the ephemeral one when constructed with port 0).
   std::uint16_t port() const noexcept { return port_; }
   const std::string& address() const noexcept { return address_; }
+  /// The random id of this job that the server vouches for in every handshake.
+  const auth_id& job_id() const noexcept { return job_; }
 
   void start() {
     thread_ = std::thread([this] { run(); });
@@ -147,7 +158,9 @@ class store_server {
   struct connection {
     unique_fd fd;
     std::string peer;
-    int rank = -1;
+    std::optional<auth_responder> auth;  // until the peer has proved the secret
+    int proved_rank = -1;                // the rank its handshake named
+    int rank = -1;                       // once it has said hello
     store_clock::time_point hello_deadline;
     std::array<std::byte, store_header_bytes> head{};
     std::size_t head_have = 0;
@@ -271,6 +284,45 @@ class store_server {
            std::chrono::milliseconds(std::clamp<std::int64_t>(ms, 0, max_store_wait_ms));
   }
 
+  // Accepts a handshake addressed to the store. Rank and world size are checked at hello,
+  // where a refusal can tell an authenticated peer why.
+  static std::optional<std::string> check_handshake(const auth_hello& h) {
+    if (h.kind != auth_kind::store) {
+      return std::string("a ") + to_string(h.kind) + " connection sent to the store's port";
+    }
+    if (h.responder != 0) return "a connection for rank " + std::to_string(h.responder);
+    return std::nullopt;
+  }
+
+  // Reads handshake bytes; the handshake's challenge is queued for the peer. Returns whether
+  // the connection may go on to frames.
+  bool authenticate(connection& c) {
+    while (!c.dead && !c.auth->done()) {
+      auto into = c.auth->next_read();
+      ssize_t n = ::recv(c.fd.get(), into.data(), into.size(), 0);
+      if (n == 0) {
+        drop(c, "closed the connection during the handshake");
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
+        return false;
+      }
+      auto out = c.auth->received(static_cast<std::size_t>(n));
+      if (c.auth->failed()) {
+        drop(c, "handshake refused: " + c.auth->failure());
+        return false;
+      }
+      c.out.insert(c.out.end(), out.begin(), out.end());
+    }
+    if (c.dead) return false;
+    c.proved_rank = static_cast<int>(c.auth->hello().initiator);
+    c.auth.reset();
+    if (store_debug_enabled()) log(c, "proved the job secret as rank " + std::to_string(c.proved_rank));
+    return true;
+  }
+
   void handle_hello(connection& c) {
     const std::byte* v = c.body.data();
     auto magic = static_cast<std::uint32_t>(store_get_le(v, 4));
@@ -297,14 +349,15 @@ class store_server {
       return refuse("rank " + std::to_string(rank) + " is outside the world of " +
                     std::to_string(world_size_) + " ranks");
     }
+    if (rank != c.proved_rank) {
+      return drop(c, "hello as rank " + std::to_string(rank) + " after a handshake as rank " +
+                         std::to_string(c.proved_rank));
+    }
     auto slot = static_cast<std::size_t>(rank);
     if (by_rank_[slot] != nullptr) {
       return refuse("rank " + std::to_string(rank) + " is already connected (from " +
                     by_rank_[slot]->peer + "); two processes claim the same rank");
     }
-    // Authentication goes here: once DESIGN.md's mutual HMAC-SHA256 challenge exists, the
-    // server sends its nonce on accept and rejects hello unless the proof over the job secret
-    // verifies (constant-time compare) -- before a byte of payload is accepted.
     by_rank_[slot] = &c;
     c.rank = rank;
     if (store_debug_enabled()) log(c, "said hello");
@@ -364,6 +417,7 @@ class store_server {
   // Reads whatever is available, a frame at a time, until the socket would block or a frame
   // makes the connection busy.
   void read_some(connection& c) {
+    if (c.auth && !authenticate(c)) return;
     while (!c.dead && !c.busy()) {
       std::byte* dst = nullptr;
       std::size_t want = 0;
@@ -447,7 +501,7 @@ class store_server {
         continue;
       }
       store_set_nodelay(fd);
-      // Authentication goes here too: send the server's challenge nonce before anything else.
+      c->auth.emplace(secret_, job_, check_handshake);
       conns_.push_back(std::move(c));
     }
   }
@@ -492,7 +546,10 @@ class store_server {
         if (c->dead) continue;
         if (c->wait && c->wait->deadline <= now) answer_timeout(*c);
         if (c->rank < 0 && !c->close_after_flush && c->hello_deadline <= now) {
-          drop(*c, "no hello within the store timeout");
+          drop(*c, c->auth ? "no complete handshake within " +
+                                 std::to_string(hello_timeout_.count()) + " ms of connecting"
+                           : "no hello within " + std::to_string(hello_timeout_.count()) +
+                                 " ms of connecting");
         }
         if (!c->dead && c->out_sent < c->out.size()) flush(*c);
       }
@@ -555,7 +612,9 @@ class store_server {
   }
 
   int world_size_;
-  std::chrono::milliseconds hello_timeout_;
+  std::chrono::milliseconds hello_timeout_;  // connect to hello, handshake included
+  job_secret secret_;
+  auth_id job_{};
   std::uint16_t port_ = 0;
   std::string address_;
   std::vector<unique_fd> listeners_;

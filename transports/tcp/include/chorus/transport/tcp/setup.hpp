@@ -1,27 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// Wiring of the TCP transport: listen, publish, dial the higher ranks, accept the lower.
+// Wiring of the TCP transport: listen, publish, dial the higher ranks, accept the lower;
+// every connection authenticated (detail/handshake.hpp) before it carries a frame.
 #pragma once
 
+#include <poll.h>
 #include <sys/epoll.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <chorus/bootstrap/detail/handshake.hpp>
 #include <chorus/transport/tcp.hpp>
 
 namespace chorus {
 namespace detail {
-
-/// The first bytes on every data connection. Sent by the dialler; checked field by field by
-/// the acceptor before the connection is used. (The authentication handshake goes here.)
-struct tcp_hello {
-  std::uint32_t magic = 0x48524843;  // "CHRH"
-  std::uint32_t version = 1;
-  std::uint32_t rank = 0;
-  std::uint32_t index = 0;
-  std::uint32_t size = 0;
-};
 
 inline void tune_socket(int fd, const tcp_options& o) {
   set_int_option(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)");
@@ -78,7 +73,7 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
   const sock_addr master = resolve(info.master_addr.empty() ? "127.0.0.1" : info.master_addr,
                                    info.master_port);
   sock_addr local = choose_local_address(opts.ifname, master);
-  unique_fd listener(::socket(local.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  unique_fd listener(::socket(local.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!listener) throw sys_error("socket");
   if (::bind(listener.get(), local.get(), local.length) != 0) {
     throw sys_error("bind to " + local.str());
@@ -88,14 +83,24 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
   ::getsockname(listener.get(), local.get(), &local.length);
   t.local_ = local;
 
-  // 2. Publish our address; learn everyone's.
+  // 2. Publish our address; learn everyone's. Each entry starts with 16 random bytes, of
+  //    which rank 0's become the communicator id that every handshake binds to, so a
+  //    connection made for one communicator is refused by another.
+  auth_id comm{};
+  auth_random(comm);
   const std::string me = local.str();
-  const auto all = store.all_gather(
-      "chorus/tcp/addr", std::as_bytes(std::span<const char>(me.data(), me.size())));
+  std::vector<std::byte> mine(comm.begin(), comm.end());
+  for (char c : me) mine.push_back(static_cast<std::byte>(c));
+  const auto all = store.all_gather("chorus/tcp/addr", mine);
   std::vector<sock_addr> addrs;
   for (const auto& a : all) {
-    addrs.push_back(parse_host_port(std::string(reinterpret_cast<const char*>(a.data()), a.size())));
+    if (a.size() <= comm.size()) throw error(errc::protocol, "a malformed tcp address in the store");
+    addrs.push_back(parse_host_port(std::string(reinterpret_cast<const char*>(a.data()) + comm.size(),
+                                                a.size() - comm.size())));
   }
+  std::copy_n(all[0].begin(), comm.size(), comm.begin());
+  const job_secret& secret = store.secret();
+  const auth_id job = store.job_id();
 
   auto install = [&](unique_fd fd, std::size_t peer, std::size_t idx) {
     tune_socket(fd.get(), opts);
@@ -108,47 +113,98 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     t.conns_[peer * k + idx] = std::move(c);
   };
 
-  // 3. Dial every higher rank. connect() completes in the peer's backlog, so dialling all
-  //    before accepting any cannot deadlock.
+  // 3. Dial every higher rank and prove the secret to it. A peer answers handshakes only
+  //    once it accepts (step 4), after its own dials; that cannot deadlock because ranks
+  //    dial only higher ranks: the highest dials nobody and accepts at once, which lets the
+  //    next lower finish its dials and accept, and so on down.
   for (std::size_t peer = static_cast<std::size_t>(info.rank) + 1; peer < n; ++peer) {
     if (!wanted[peer]) continue;
+    store_address to;
+    to.storage = addrs[peer].storage;
+    to.length = addrs[peer].length;
+    to.family = addrs[peer].family();
     for (std::size_t idx = 0; idx < k; ++idx) {
+      const auto fail = [&](const std::string& why) {
+        return error(errc::bootstrap,
+                     "rank " + std::to_string(info.rank) + " cannot connect to rank " +
+                         std::to_string(peer) + " at " + addrs[peer].str() + ": " + why,
+                     {static_cast<int>(peer)}, std::nullopt, "connect");
+      };
       unique_fd fd;
       for (;;) {
-        fd = unique_fd(::socket(addrs[peer].family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-        if (!fd) throw sys_error("socket");
-        if (::connect(fd.get(), addrs[peer].get(), addrs[peer].length) == 0) break;
-        const int err = errno;
-        if ((err != ECONNREFUSED && err != EINTR && err != ETIMEDOUT && err != EAGAIN) ||
-            clock::now() > deadline) {
-          throw error(errc::bootstrap,
-                      "cannot connect to rank " + std::to_string(peer) + " at " +
-                          addrs[peer].str() + ": " + std::strerror(err),
-                      {static_cast<int>(peer)}, std::nullopt, "connect");
+        int err = 0;
+        fd = store_connect_tcp(to, deadline, err);
+        if (fd) break;
+        // Refused: the peer's listener may be momentarily full; retry until the deadline.
+        if ((err != ECONNREFUSED && err != EINTR && err != EAGAIN) || clock::now() > deadline) {
+          throw fail(store_errno_text(err));
         }
         ::usleep(10000);
       }
-      tcp_hello hello;
-      hello.rank = static_cast<std::uint32_t>(info.rank);
+      auth_hello hello;
+      hello.kind = auth_kind::tcp;
+      hello.initiator = static_cast<std::uint32_t>(info.rank);
+      hello.responder = static_cast<std::uint32_t>(peer);
       hello.index = static_cast<std::uint32_t>(idx);
-      hello.size = static_cast<std::uint32_t>(info.size);
-      if (send_all(fd.get(), {{&hello, sizeof hello}}, deadline).status != io_status::ok) {
-        throw error(errc::bootstrap,
-                    "cannot send the hello to rank " + std::to_string(peer) + " at " +
-                        addrs[peer].str(),
-                    {static_cast<int>(peer)}, std::nullopt, "connect");
-      }
+      hello.world = static_cast<std::uint32_t>(info.size);
+      hello.job = job;
+      hello.comm = comm;
+      auth_result proved;
+      if (auto why = auth_initiate(fd.get(), secret, hello, deadline, proved)) throw fail(*why);
       install(std::move(fd), peer, idx);
     }
   }
 
-  // 4. Accept the lower ranks' connections, checking each hello.
+  // 4. Accept the lower ranks' connections. Handshakes run side by side under poll(), each
+  //    with auth_timeout (5 s) to finish, so a stranger that connects and stalls, or sends
+  //    garbage, costs one logged line and never the set-up.
   std::size_t expected = 0;
   for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
     if (wanted[peer]) expected += k;
   }
+  auto check = [&](const auth_hello& h) -> std::optional<std::string> {
+    if (h.kind != auth_kind::tcp) {
+      return std::string("a ") + to_string(h.kind) + " connection sent to a tcp port";
+    }
+    if (h.world != static_cast<std::uint32_t>(info.size)) {
+      return "a world of " + std::to_string(h.world) + " ranks, not " + std::to_string(info.size);
+    }
+    if (h.responder != static_cast<std::uint32_t>(info.rank)) {
+      return "a connection meant for rank " + std::to_string(h.responder);
+    }
+    if (h.initiator >= static_cast<std::uint32_t>(info.rank) || !wanted[h.initiator]) {
+      return "rank " + std::to_string(h.initiator) + " is not expected to dial this rank";
+    }
+    if (h.index >= k) return "connection index " + std::to_string(h.index) + " out of range";
+    if (h.job != job) return "a connection of another job";
+    if (h.comm != comm) return "a connection of another communicator";
+    if (t.conns_[h.initiator * k + h.index]) return "a duplicate connection";
+    return std::nullopt;
+  };
+  struct pending {
+    unique_fd fd;
+    sock_addr from;
+    auth_responder auth;
+    clock::time_point deadline;
+    std::vector<std::byte> out;
+  };
+  std::vector<std::unique_ptr<pending>> handshakes;
+  auto reject = [&](const pending& p, const std::string& why) {
+    std::fprintf(stderr, "chorus: rank %d rejected a connection from %s: %s\n", info.rank,
+                 p.from.str().c_str(), why.c_str());
+  };
+  // More concurrent handshakes than this wait in the kernel's backlog: a burst of strangers
+  // cannot exhaust descriptors.
+  constexpr std::size_t max_handshakes = 64;
+  std::vector<pollfd> fds;
   while (expected > 0) {
-    if (wait_fd(listener.get(), POLLIN, deadline).status != io_status::ok) {
+    auto now = clock::now();
+    std::erase_if(handshakes, [&](const auto& p) {
+      if (p->deadline > now) return false;
+      reject(*p, "no complete handshake within 5 s");
+      return true;
+    });
+    if (now >= deadline) {
       std::string missing;
       for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
         for (std::size_t idx = 0; idx < k && wanted[peer]; ++idx) {
@@ -163,33 +219,63 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
                       " timed out waiting for connections from ranks " + missing,
                   {}, std::nullopt, "accept");
     }
-    sock_addr from;
-    from.length = sizeof from.storage;
-    // Non-blocking, so that recv_exact below keeps its deadline: a stranger that connects
-    // and sends nothing must not hang the set-up.
-    unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (!fd) continue;
-    tcp_hello hello{};
-    const bool ok = recv_exact(fd.get(), &hello, sizeof hello,
-                               std::min(deadline, clock::now() + std::chrono::seconds(5)))
-                        .status == io_status::ok;
-    const tcp_hello want;
-    const char* why = !ok                                         ? "no hello"
-                      : hello.magic != want.magic                 ? "bad magic"
-                      : hello.version != want.version             ? "unsupported version"
-                      : hello.size != static_cast<std::uint32_t>(info.size) ? "different world size"
-                      : hello.rank >= static_cast<std::uint32_t>(info.rank) ? "rank out of range"
-                      : !wanted[hello.rank]                       ? "rank not expected over tcp"
-                      : hello.index >= k                          ? "connection index out of range"
-                      : t.conns_[hello.rank * k + hello.index]    ? "duplicate connection"
-                                                                  : nullptr;
-    if (why != nullptr) {
-      std::fprintf(stderr, "chorus: rank %d rejected a connection from %s: %s\n", info.rank,
-                   from.str().c_str(), why);
-      continue;
+    auto wake = deadline;
+    fds.clear();
+    fds.push_back({listener.get(), static_cast<short>(handshakes.size() < max_handshakes ? POLLIN : 0), 0});
+    for (const auto& p : handshakes) {
+      fds.push_back({p->fd.get(), static_cast<short>(p->out.empty() ? POLLIN : POLLOUT), 0});
+      wake = std::min(wake, p->deadline);
     }
-    install(std::move(fd), hello.rank, hello.index);
-    --expected;
+    if (::poll(fds.data(), fds.size(), poll_ms(wake)) < 0 && errno != EINTR) throw sys_error("poll");
+    now = clock::now();
+    // Handshakes first (the indices of fds match them), then new connections.
+    for (std::size_t i = 0; i < handshakes.size(); ++i) {
+      pending& p = *handshakes[i];
+      if (fds[1 + i].revents == 0) continue;
+      std::string why;
+      if (!p.out.empty()) {
+        const ssize_t sent = ::send(p.fd.get(), p.out.data(), p.out.size(), MSG_NOSIGNAL);
+        if (sent > 0) p.out.erase(p.out.begin(), p.out.begin() + sent);
+        if (sent < 0 && errno != EAGAIN && errno != EINTR) why = "send: " + store_errno_text(errno);
+      } else {
+        const auto into = p.auth.next_read();
+        const ssize_t got = ::recv(p.fd.get(), into.data(), into.size(), 0);
+        if (got == 0) {
+          why = "closed the connection during the handshake";
+        } else if (got < 0) {
+          if (errno != EAGAIN && errno != EINTR) why = "recv: " + store_errno_text(errno);
+        } else {
+          const auto reply = p.auth.received(static_cast<std::size_t>(got));
+          p.out.assign(reply.begin(), reply.end());
+          if (p.auth.failed()) why = p.auth.failure();
+        }
+      }
+      if (!why.empty()) {
+        reject(p, why);
+        handshakes[i].reset();
+      } else if (p.auth.done()) {
+        // Checked again: two connections may have claimed the slot while both were proving.
+        const auto& h = p.auth.hello();
+        if (t.conns_[h.initiator * k + h.index]) {
+          reject(p, "a duplicate connection");
+        } else {
+          install(std::move(p.fd), h.initiator, h.index);
+          --expected;
+        }
+        handshakes[i].reset();
+      }
+    }
+    std::erase_if(handshakes, [](const auto& p) { return p == nullptr; });
+    if (fds[0].revents & POLLIN) {
+      while (handshakes.size() < max_handshakes) {
+        sock_addr from;
+        from.length = sizeof from.storage;
+        unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) break;
+        handshakes.push_back(std::make_unique<pending>(
+            pending{std::move(fd), from, auth_responder(secret, job, check), now + auth_timeout, {}}));
+      }
+    }
   }
   return t;
 }
