@@ -296,6 +296,6 @@ TEST_CASE("the responder names malformed hellos and reads nothing past the hands
   bad[6] = std::byte{77};
   CHECK(feed(bad).find("unknown connection kind 77") != std::string::npos);
   bad = good;
-  bad[7] = std::byte{1};
+  bad[7] = std::byte{0x82};  // bit 1 (encrypt) is known; bit 7 is not
   CHECK(feed(bad).find("unknown handshake flags") != std::string::npos);
 }

@@ -212,3 +212,116 @@ TEST_CASE("EOF between frames after the last one is delivered is a quiet goodbye
   CHECK(x.done);
   CHECK(out[0] == 5.0f);
 }
+
+// --- CHORUS_ENCRYPT=aes-gcm: the same frames, sealed in records ---
+
+namespace {
+
+detail::auth_mac session_key(unsigned char fill) {
+  detail::auth_mac k;
+  k.fill(std::byte{fill});
+  return k;
+}
+
+/// Two connections over a socketpair, each sealing with its own end of one session.
+struct sealed_pair {
+  std::unique_ptr<tcp_connection> a, b;  // a opened the connection (initiator)
+  int b_fd = -1;
+
+  explicit sealed_pair(unsigned char b_key = 1) {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    detail::set_nonblocking(sv[0]);
+    detail::set_nonblocking(sv[1]);
+    b_fd = sv[1];
+    a = std::make_unique<tcp_connection>(
+        detail::unique_fd(sv[0]), 0, 1, std::make_unique<detail::tcp_cipher>(session_key(1), true, 1));
+    b = std::make_unique<tcp_connection>(
+        detail::unique_fd(sv[1]), 1, 0,
+        std::make_unique<detail::tcp_cipher>(session_key(b_key), false, 0));
+  }
+  /// Sends `x` from a while b pumps `y`, until both are done or b throws; bounded.
+  void move(transfer& x, transfer& y) {
+    a->post_send(&x);
+    b->post_recv(&y);
+    for (int i = 0; i < 100000 && !(x.done && y.done); ++i) {
+      a->writable = true;
+      a->flush();
+      b->readable = true;
+      b->pump();
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sealed frames of every size arrive whole, in order, across record boundaries") {
+  sealed_pair p;
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                            std::size_t{65536 + 3}, std::size_t{1} << 20}) {
+    CAPTURE(count);
+    std::vector<float> in(count), out;
+    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 1000) - 7.0f;
+    transfer x;
+    x.header = detail::make_header(fingerprint(count), 0, 0, static_cast<std::uint32_t>(count * 4));
+    x.data = reinterpret_cast<std::byte*>(in.data());
+    x.length = count * 4;
+    transfer y = float_recv(out, count);
+    p.move(x, y);
+    CHECK(x.done);
+    CHECK(y.done);
+    CHECK(out == in);
+  }
+}
+
+TEST_CASE("a sealed stream read with the wrong key fails authentication before any payload lands") {
+  sealed_pair p(2);  // b's key differs
+  std::vector<float> in(16, 3.0f), out;
+  transfer x;
+  x.header = detail::make_header(fingerprint(16), 0, 0, 64);
+  x.data = reinterpret_cast<std::byte*>(in.data());
+  x.length = 64;
+  transfer y = float_recv(out, 16);
+  std::string what;
+  CHECK(code_of([&] { p.move(x, y); }, &what) == errc::protocol);
+  CHECK(what.find("failed authentication") != std::string::npos);
+  CHECK(out == std::vector<float>(16, 0.0f));
+}
+
+TEST_CASE("an altered, oversized or truncated record is a protocol error") {
+  for (int kind : {0, 1, 2}) {
+    CAPTURE(kind);
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    detail::set_nonblocking(sv[0]);
+    // The sender seals one frame by hand; the test then tampers with the bytes on the wire.
+    detail::tcp_cipher sealer(session_key(1), true, 1);
+    std::vector<float> in(8, 1.0f), out;
+    frame_header h = detail::make_header(fingerprint(8), 0, 0, 32);
+    iovec parts[2] = {{&h, sizeof h}, {in.data(), 32}};
+    int pipe_fds[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pipe_fds) == 0);
+    REQUIRE(sealer.send(pipe_fds[0], parts, 2) == 72);
+    std::vector<unsigned char> wire(4 + 72 + 16);
+    REQUIRE(::recv(pipe_fds[1], wire.data(), wire.size(), 0) == static_cast<ssize_t>(wire.size()));
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    if (kind == 0) wire[20] ^= 1;                          // one ciphertext bit
+    if (kind == 1) wire[3] = 0x7f;                         // a length of ~2 GiB
+    if (kind == 2) wire.resize(wire.size() - 5);           // then EOF inside the record
+    tcp_connection conn{detail::unique_fd(sv[0]), 0, 1,
+                        std::make_unique<detail::tcp_cipher>(session_key(1), false, 1)};
+    REQUIRE(::send(sv[1], wire.data(), wire.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(wire.size()));
+    if (kind == 2) ::close(sv[1]);
+    transfer y = float_recv(out, 8);
+    conn.post_recv(&y);
+    CHECK(code_of([&] {
+            for (int i = 0; i < 1000 && !y.done; ++i) {
+              conn.readable = true;
+              conn.pump();
+            }
+          }) == errc::protocol);
+    CHECK(out == std::vector<float>(8, 0.0f));
+    if (kind != 2) ::close(sv[1]);
+  }
+}

@@ -27,7 +27,7 @@ namespace chorus::detail {
 // Three messages; the side that opened the connection (initiator) speaks first.
 //
 //   1. hello, initiator -> responder, 88 bytes, little-endian:
-//        0 u32 magic "CHAU"   4 u16 version    6 u8 kind (store, tcp)   7 u8 flags (0)
+//        0 u32 magic "CHAU"   4 u16 version    6 u8 kind (store, tcp)   7 u8 flags
 //        8 u32 initiator rank 12 u32 responder rank   16 u32 connection index
 //       20 u32 world size     24 job id (16)   40 communicator id (16)  56 nonce_i (32)
 //   2. challenge, responder -> initiator, 80 bytes:
@@ -60,6 +60,10 @@ using auth_nonce = std::array<std::byte, 32>;
 using auth_mac = std::array<std::byte, 32>;
 
 enum class auth_kind : std::uint8_t { store = 1, tcp = 2 };
+
+/// Hello flag: the initiator will seal its data in records (CHORUS_ENCRYPT); the responder
+/// refuses a peer whose choice differs from its own.
+inline constexpr std::uint8_t auth_flag_encrypt = 1;
 
 inline const char* to_string(auth_kind k) noexcept {
   return k == auth_kind::store ? "store" : k == auth_kind::tcp ? "tcp" : "unknown";
@@ -116,7 +120,9 @@ inline std::optional<std::string> auth_decode(std::span<const std::byte, auth_he
   }
   h.kind = static_cast<auth_kind>(kind);
   h.flags = static_cast<std::uint8_t>(store_get_le(in.data() + 7, 1));
-  if (h.flags != 0) return "unknown handshake flags " + std::to_string(h.flags);
+  if ((h.flags & ~auth_flag_encrypt) != 0) {
+    return "unknown handshake flags " + std::to_string(h.flags);
+  }
   h.initiator = static_cast<std::uint32_t>(store_get_le(in.data() + 8, 4));
   h.responder = static_cast<std::uint32_t>(store_get_le(in.data() + 12, 4));
   h.index = static_cast<std::uint32_t>(store_get_le(in.data() + 16, 4));
@@ -125,6 +131,21 @@ inline std::optional<std::string> auth_decode(std::span<const std::byte, auth_he
   std::memcpy(h.comm.data(), in.data() + 40, 16);
   std::memcpy(h.nonce.data(), in.data() + 56, 32);
   return std::nullopt;
+}
+
+/// HMAC-SHA256 of `message` under `key` (which may be empty).
+inline auth_mac auth_hmac(std::span<const unsigned char> key, std::span<const unsigned char> message) {
+  // HMAC() treats a null key as "reuse the previous one"; an empty key needs a real pointer.
+  static const unsigned char empty_key = 0;
+  auth_mac out{};
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), key.empty() ? &empty_key : key.data(), static_cast<int>(key.size()),
+           message.data(), message.size(), reinterpret_cast<unsigned char*>(out.data()),
+           &length) == nullptr ||
+      length != out.size()) {
+    throw error(errc::system, "chorus: HMAC-SHA256 failed", {}, std::nullopt, "HMAC");
+  }
+  return out;
 }
 
 /// HMAC-SHA256 under the job secret of `label` || T, T = hello || nonce_r || job id.
@@ -142,16 +163,7 @@ inline auth_mac auth_proof(const job_secret& secret, std::string_view label,
   put(hello.data(), hello.size());
   put(nonce_r.data(), nonce_r.size());
   put(job.data(), job.size());
-  // HMAC() treats a null key as "reuse the previous one"; an empty key needs a real pointer.
-  static const unsigned char empty_key = 0;
-  auto key = secret.key();
-  auth_mac out{};
-  unsigned int length = 0;
-  if (HMAC(EVP_sha256(), key.empty() ? &empty_key : key.data(), static_cast<int>(key.size()),
-           msg.data(), at, reinterpret_cast<unsigned char*>(out.data()), &length) == nullptr ||
-      length != out.size()) {
-    throw error(errc::system, "chorus: HMAC-SHA256 failed", {}, std::nullopt, "HMAC");
-  }
+  auto out = auth_hmac(secret.key(), std::span(msg.data(), at));
   OPENSSL_cleanse(msg.data(), msg.size());
   return out;
 }

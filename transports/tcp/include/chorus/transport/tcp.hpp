@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <chorus/bootstrap/env.hpp>
@@ -36,6 +37,11 @@ struct tcp_options {
   int rto_min_us = 0;         ///< CHORUS_TCP_RTO_MIN_US, minimum retransmission timeout; 0 keeps the system's
   std::string congestion;     ///< CHORUS_TCP_CONGESTION, e.g. "cubic"; empty keeps the system's
   std::chrono::milliseconds connect_timeout{120000};  ///< CHORUS_BOOTSTRAP_TIMEOUT (seconds)
+  /// CHORUS_ENCRYPT=aes-gcm: seal every byte of the data connections with AES-256-GCM under
+  /// per-connection keys from the handshake (confidentiality and integrity on an untrusted
+  /// network, at a bandwidth cost bench/compare measures). "off" (the default) sends frames
+  /// as they are. Every rank must choose the same.
+  bool encrypt = false;
 
   static tcp_options from_env() {
     tcp_options o;
@@ -45,6 +51,14 @@ struct tcp_options {
     o.rto_min_us = env_int("CHORUS_TCP_RTO_MIN_US", o.rto_min_us, 0, 200000);
     if (const char* v = std::getenv("CHORUS_TCP_CONGESTION"); v && *v) o.congestion = v;
     o.connect_timeout = env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", o.connect_timeout);
+    if (const char* v = std::getenv("CHORUS_ENCRYPT"); v && *v) {
+      const std::string_view mode = v;
+      if (mode != "off" && mode != "aes-gcm") {
+        throw error(errc::invalid_argument,
+                    "CHORUS_ENCRYPT='" + std::string(mode) + "' is neither 'off' nor 'aes-gcm'");
+      }
+      o.encrypt = mode == "aes-gcm";
+    }
     return o;
   }
 };
@@ -74,7 +88,8 @@ class tcp_transport {
   int size() const { return size_; }
   std::string name() const { return "tcp"; }
   std::string describe() const {
-    return "tcp conns " + std::to_string(opts_.conns) + " via " + local_.host();
+    return "tcp conns " + std::to_string(opts_.conns) + " via " + local_.host() +
+           (opts_.encrypt ? " sealed aes-256-gcm" : "");
   }
 
   /// Some posted send or receive has not completed.

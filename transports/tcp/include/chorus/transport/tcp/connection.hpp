@@ -18,6 +18,7 @@
 #include <chorus/concepts.hpp>
 #include <chorus/detail/frame.hpp>
 #include <chorus/error.hpp>
+#include <chorus/transport/tcp/cipher.hpp>
 #include <chorus/transport/tcp/socket.hpp>
 
 namespace chorus::detail {
@@ -32,14 +33,22 @@ inline constexpr std::uint32_t max_abort_text = 4096;
 
 class tcp_connection {
  public:
-  tcp_connection(unique_fd fd, int self, int peer)
-      : fd_(std::move(fd)), self_(self), peer_(peer), rx_(new std::byte[tcp_rx_buffer]) {}
+  /// With a `cipher`, every byte goes through it (sealed records on the wire); without,
+  /// frames go to the socket as they are.
+  tcp_connection(unique_fd fd, int self, int peer, std::unique_ptr<tcp_cipher> cipher = nullptr)
+      : fd_(std::move(fd)),
+        self_(self),
+        peer_(peer),
+        cipher_(std::move(cipher)),
+        rx_(new std::byte[tcp_rx_buffer]) {}
 
   int fd() const { return fd_.get(); }
   int peer() const { return peer_; }
-  bool busy() const { return !txq_.empty() || !rxq_.empty(); }
+  bool busy() const { return !txq_.empty() || !rxq_.empty() || (cipher_ && cipher_->pending()); }
   /// Worth calling pump(): the socket may have bytes, or buffered bytes may answer a receive.
-  bool wants_pump() const { return readable || (!rxq_.empty() && rx_end_ > rx_begin_); }
+  bool wants_pump() const {
+    return readable || (cipher_ && cipher_->buffered()) || (!rxq_.empty() && rx_end_ > rx_begin_);
+  }
 
   // Readiness as last reported by edge-triggered epoll; cleared when a call says EAGAIN.
   bool readable = true;
@@ -57,6 +66,13 @@ class tcp_connection {
   /// Writes queued frames: one sendmsg() carries up to 32 frames (header + payload each).
   bool flush() {
     bool moved = false;
+    if (cipher_ && cipher_->pending() && writable && !cipher_->drain(fd_.get())) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        closed_ = true;
+        throw lost("send to", errno);
+      }
+      writable = false;
+    }
     while (!txq_.empty() && writable) {
       iovec iov[64];
       int n = 0;
@@ -75,7 +91,8 @@ class tcp_connection {
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<std::size_t>(n);
-      const ssize_t sent = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t sent = cipher_ ? cipher_->send(fd_.get(), iov, static_cast<std::size_t>(n))
+                                   : ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (sent < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
           writable = false;
@@ -112,13 +129,13 @@ class tcp_connection {
     for (;;) {
       // 1. Deliver what is buffered.
       if (parse_buffered()) moved = true;
-      if (!readable) break;
+      if (!readable && !(cipher_ && cipher_->buffered())) break;
       // 2. A large payload in progress with the buffer drained: read straight into place.
       if (rx_has_header_ && !rxq_.empty() && rx_begin_ == rx_end_) {
         transfer* x = rxq_.front();
         const std::size_t want = x->length - rx_got_;
         if (want > tcp_small_payload) {
-          const ssize_t n = ::recv(fd_.get(), x->data + rx_got_, want, MSG_DONTWAIT);
+          const ssize_t n = recv_some(x->data + rx_got_, want);
           if (!after_recv(n)) break;
           rx_got_ += static_cast<std::size_t>(n);
           moved = true;
@@ -141,7 +158,7 @@ class tcp_connection {
         // place in step 2 instead of being copied through the buffer.
         room = std::min(room, sizeof(frame_header) - (rx_end_ - rx_begin_));
       }
-      const ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, room, MSG_DONTWAIT);
+      const ssize_t n = recv_some(rx_.get() + rx_end_, room);
       if (!after_recv(n)) break;
       rx_end_ += static_cast<std::size_t>(n);
       moved = true;
@@ -162,7 +179,15 @@ class tcp_connection {
       h.magic = frame_magic;
       h.kind = frame_abort;
       h.length = len;
-      send_all(fd_.get(), {{&h, sizeof h}, {const_cast<char*>(text.data()), len}}, deadline);
+      if (cipher_) {
+        // Sealed like every other frame, after whatever ciphertext is still unsent.
+        iovec parts[2] = {{&h, sizeof h}, {const_cast<char*>(text.data()), len}};
+        if (cipher_->drain_until(fd_.get(), deadline) && cipher_->send(fd_.get(), parts, 2) >= 0) {
+          cipher_->drain_until(fd_.get(), deadline);
+        }
+      } else {
+        send_all(fd_.get(), {{&h, sizeof h}, {const_cast<char*>(text.data()), len}}, deadline);
+      }
     } catch (...) {
     }
     txq_.clear();
@@ -174,6 +199,11 @@ class tcp_connection {
     return error(errc::connection_lost,
                  std::string("connection lost: ") + dir + " rank " + std::to_string(peer_) + why,
                  {peer_}, std::nullopt, dir);
+  }
+
+  ssize_t recv_some(std::byte* dst, std::size_t size) {
+    return cipher_ ? cipher_->recv(fd_.get(), dst, size)
+                   : ::recv(fd_.get(), dst, size, MSG_DONTWAIT);
   }
 
   /// Handles a recv() result; false means stop reading for now.
@@ -262,6 +292,7 @@ class tcp_connection {
   int self_;
   int peer_;
   bool closed_ = false;
+  std::unique_ptr<tcp_cipher> cipher_;
 
   std::deque<transfer*> txq_;
   std::size_t tx_off_ = 0;  // bytes of txq_.front() (header + payload) already sent

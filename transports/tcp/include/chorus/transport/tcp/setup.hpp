@@ -102,10 +102,15 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
   const job_secret& secret = store.secret();
   const auth_id job = store.job_id();
 
-  auto install = [&](unique_fd fd, std::size_t peer, std::size_t idx) {
+  auto install = [&](unique_fd fd, std::size_t peer, std::size_t idx, const auth_result& proved,
+                     bool initiator) {
     tune_socket(fd.get(), opts);
     set_nonblocking(fd.get());
-    auto c = std::make_unique<tcp_connection>(std::move(fd), info.rank, static_cast<int>(peer));
+    auto cipher = opts.encrypt ? std::make_unique<tcp_cipher>(proved.session, initiator,
+                                                              static_cast<int>(peer))
+                               : nullptr;
+    auto c = std::make_unique<tcp_connection>(std::move(fd), info.rank, static_cast<int>(peer),
+                                              std::move(cipher));
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     ev.data.ptr = c.get();
@@ -149,9 +154,10 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
       hello.world = static_cast<std::uint32_t>(info.size);
       hello.job = job;
       hello.comm = comm;
+      hello.flags = opts.encrypt ? auth_flag_encrypt : 0;
       auth_result proved;
       if (auto why = auth_initiate(fd.get(), secret, hello, deadline, proved)) throw fail(*why);
-      install(std::move(fd), peer, idx);
+      install(std::move(fd), peer, idx, proved, true);
     }
   }
 
@@ -178,6 +184,12 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     if (h.index >= k) return "connection index " + std::to_string(h.index) + " out of range";
     if (h.job != job) return "a connection of another job";
     if (h.comm != comm) return "a connection of another communicator";
+    if (((h.flags & auth_flag_encrypt) != 0) != opts.encrypt) {
+      return "rank " + std::to_string(h.initiator) +
+             (opts.encrypt ? " does not encrypt and this rank does"
+                           : " encrypts and this rank does not") +
+             " (set CHORUS_ENCRYPT the same on every rank)";
+    }
     if (t.conns_[h.initiator * k + h.index]) return "a duplicate connection";
     return std::nullopt;
   };
@@ -259,7 +271,7 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
         if (t.conns_[h.initiator * k + h.index]) {
           reject(p, "a duplicate connection");
         } else {
-          install(std::move(p.fd), h.initiator, h.index);
+          install(std::move(p.fd), h.initiator, h.index, p.auth.result(), false);
           --expected;
         }
         handshakes[i].reset();
