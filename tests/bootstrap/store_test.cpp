@@ -458,6 +458,21 @@ TEST_CASE("garbage sent to the store's port does not disturb a concurrent rendez
   for (const auto& c : outcomes) check_exited_cleanly(c);
 }
 
+TEST_CASE("the store never listens on every address") {
+  for (const char* any : {"0.0.0.0", "::"}) {
+    CAPTURE(any);
+    auto info = rank_info(0, 2, free_port());
+    info.master_addr = any;
+    try {
+      (void)chorus::tcp_store::connect(info, {.timeout = 1s});
+      FAIL("a wildcard master address was accepted");
+    } catch (const chorus::error& e) {
+      CHECK(e.code() == chorus::errc::invalid_argument);
+      CHECK(contains(e.what(), "means every address of this host"));
+    }
+  }
+}
+
 TEST_CASE("a rank with another secret is refused and named; the store serves the job on") {
   std::uint16_t port = free_port();
   auto secret = [](std::string_view text) {

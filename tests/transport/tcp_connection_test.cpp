@@ -325,3 +325,26 @@ TEST_CASE("an altered, oversized or truncated record is a protocol error") {
     if (kind != 2) ::close(sv[1]);
   }
 }
+
+// --- where the data listener binds ---
+
+TEST_CASE("the data listener binds one interface's address, never every address") {
+  const auto master = detail::resolve("127.0.0.1", 29500);
+  CHECK(detail::choose_local_address("", master).host() == "127.0.0.1");
+  CHECK(detail::choose_local_address("lo", master).host() == "127.0.0.1");
+  std::string what;
+  try {
+    (void)detail::choose_local_address("no-such-if0", master);
+    FAIL("an unknown interface was accepted");
+  } catch (const error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("CHORUS_SOCKET_IFNAME='no-such-if0'") != std::string::npos);
+
+  // A real transport of one rank: its listener is on loopback, where the master is.
+  launch_info info;
+  info.master_addr = "127.0.0.1";
+  auto store = tcp_store::connect(info);
+  auto t = tcp_transport::connect(store, info);
+  CHECK(t.describe().find("via 127.0.0.1") != std::string::npos);
+}

@@ -72,6 +72,23 @@ class store_server {
                   "cannot host the rendezvous store at " + address_ + ": " + reason, {0},
                   std::nullopt, "bind");
     }
+    // The store listens where ranks were told to find it, never on every address: a
+    // wildcard would expose it on interfaces the job never meant to use.
+    for (const auto& a : addresses) {
+      const bool any4 = a.family == AF_INET &&
+                        reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr ==
+                            htonl(INADDR_ANY);
+      const bool any6 =
+          a.family == AF_INET6 &&
+          IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr);
+      if (any4 || any6) {
+        throw error(errc::invalid_argument,
+                    "cannot host the rendezvous store at " + address_ + ": '" + host +
+                        "' means every address of this host; set CHORUS_MASTER_ADDR / "
+                        "MASTER_ADDR to the address the other ranks reach rank 0 at",
+                    {0}, std::nullopt, "bind");
+      }
+    }
     std::string failures;
     bool not_local = true;
     for (const auto& a : addresses) {
