@@ -46,6 +46,31 @@ TEST_CASE("chorus-run replaces inherited CHORUS_* variables and keeps the rest")
   CHECK(r.out == "[0] 0 yes\n");
 }
 
+TEST_CASE("chorus-run gives every rank of a job one fresh secret, unless the user chose") {
+  // This test process has a secret of its own (tests/support/doctest_main.cpp): drop it.
+  const std::string launch = std::string("env -u CHORUS_SECRET -u CHORUS_SECRET_FILE -u CHORUS_AUTH '") +
+                             CHORUS_RUN_PATH + "' -n 2 sh -c 'echo $CHORUS_SECRET'";
+  auto first = run_shell(launch);
+  auto second = run_shell(launch);
+  REQUIRE(first.exit_code == 0);
+  auto lines = lines_of(first.out);
+  REQUIRE(lines.size() == 2);
+  std::regex secret_re(R"(\[\d\] ([0-9a-f]{64}))");
+  std::smatch a, b;
+  REQUIRE(std::regex_match(lines[0], a, secret_re));
+  REQUIRE(std::regex_match(lines[1], b, secret_re));
+  CHECK(a[1] == b[1]);                                  // one secret per job
+  CHECK(second.out.find(a[1].str()) == std::string::npos);  // a new one for the next job
+  CHECK(first.err.find(a[1].str()) == std::string::npos);   // never printed by chorus-run
+
+  auto theirs = run_shell(std::string("CHORUS_SECRET=mine-mine-mine-mine '") + CHORUS_RUN_PATH +
+                          "' -n 1 sh -c 'echo $CHORUS_SECRET'");
+  CHECK(theirs.out == "[0] mine-mine-mine-mine\n");
+  auto none = run_shell(std::string("env -u CHORUS_SECRET CHORUS_AUTH=none '") + CHORUS_RUN_PATH +
+                        "' -n 1 sh -c 'echo \"[$CHORUS_SECRET]\"'");
+  CHECK(none.out == "[0] []\n");
+}
+
 TEST_CASE("--port sets CHORUS_MASTER_PORT for every rank") {
   auto r = run("-n 2 --port 29511 sh -c 'echo $CHORUS_MASTER_PORT'");
   CHECK(r.exit_code == 0);
