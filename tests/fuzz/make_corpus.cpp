@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// Writes the fuzz targets' seed corpora: small valid and near-valid inputs, built with the
+// library's own encoders so that they follow the wire formats when those change.
+// Usage: fuzz_make_corpus tests/fuzz/corpus    (writes <dir>/<target>/<seed>; see README.md)
+#include <chorus/bootstrap/detail/store_protocol.hpp>
+#include <chorus/detail/frame.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace chorus::detail;
+using bytes = std::vector<std::byte>;
+
+fs::path root;
+int written = 0;
+
+void seed(const char* target, const char* name, const bytes& content) {
+  const fs::path dir = root / target;
+  fs::create_directories(dir);
+  std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(content.data()),
+            static_cast<std::streamsize>(content.size()));
+  ++written;
+}
+
+void append(bytes& to, std::span<const std::byte> b) { to.insert(to.end(), b.begin(), b.end()); }
+void append(bytes& to, std::string_view s) { append(to, std::as_bytes(std::span(s))); }
+
+bytes pattern(std::size_t n) {
+  bytes b(n);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>(i * 7 + 1);
+  return b;
+}
+
+// ---- frame: a control byte, then the peer's stream (frame.cpp describes the format) ----
+
+constexpr unsigned one_at_a_time = 4;
+constexpr unsigned skew_count = 5 << 3;
+constexpr unsigned skew_slice = 6 << 3;
+constexpr unsigned skew_length = 7 << 3;
+
+const op_fingerprint fingerprint{7,
+                                 3,
+                                 chorus::collective::all_reduce,
+                                 chorus::dtype::float32,
+                                 chorus::reduce_op::sum,
+                                 chorus::algo::ring};
+
+bytes frame(std::uint64_t slice, const bytes& payload, std::uint32_t magic = frame_magic) {
+  frame_header h = make_header(fingerprint, static_cast<std::uint32_t>(slice), slice,
+                               static_cast<std::uint32_t>(payload.size()));
+  h.magic = magic;
+  bytes out;
+  append(out, std::as_bytes(std::span(&h, 1)));
+  append(out, payload);
+  return out;
+}
+
+bytes abort_frame(std::string_view text) {
+  frame_header h{};
+  h.magic = frame_magic;
+  h.kind = frame_abort;
+  h.length = static_cast<std::uint32_t>(text.size());
+  bytes out;
+  append(out, std::as_bytes(std::span(&h, 1)));
+  append(out, text);
+  return out;
+}
+
+bytes stream(unsigned control, std::initializer_list<bytes> frames) {
+  bytes out{static_cast<std::byte>(control)};
+  for (const auto& f : frames) append(out, f);
+  return out;
+}
+
+void frame_seeds() {
+  seed("frame", "one_frame", stream(0, {frame(0, pattern(12))}));
+  seed("frame", "three_frames_one_at_a_time",
+       stream(2 | one_at_a_time, {frame(0, pattern(12)), frame(1, {}), frame(2, pattern(100))}));
+  seed("frame", "four_frames_at_once",
+       stream(3, {frame(0, pattern(4)), frame(1, pattern(8)), frame(2, pattern(16)),
+                  frame(3, pattern(32))}));
+  // Over tcp_small_payload: read straight into place instead of through the buffer.
+  seed("frame", "large_payload", stream(0, {frame(0, pattern(20000))}));
+  seed("frame", "large_then_small", stream(1, {frame(0, pattern(20000)), frame(1, pattern(8))}));
+  seed("frame", "abort_frame", stream(0, {abort_frame("out of memory")}));
+  seed("frame", "frame_then_abort",
+       stream(1, {frame(0, pattern(12)), abort_frame("recv from rank 2 timed out")}));
+  seed("frame", "bad_magic", stream(0, {frame(0, pattern(12), 0x12345678)}));
+  seed("frame", "mismatched_count", stream(skew_count, {frame(0, pattern(12))}));
+  seed("frame", "mismatched_slice",
+       stream(1 | skew_slice, {frame(0, pattern(12)), frame(1, pattern(12))}));
+  seed("frame", "shorter_than_posted", stream(skew_length, {frame(0, pattern(12))}));
+  bytes cut = stream(0, {frame(0, pattern(100))});
+  cut.resize(cut.size() - 50);
+  seed("frame", "truncated_payload", cut);
+  cut.resize(1 + 20);
+  seed("frame", "truncated_header", cut);
+}
+
+// ---- store_protocol: a key count byte (count - 1), then the bytes ----
+
+bytes header(store_op op, std::size_t key_len, std::size_t value_len, std::int64_t arg = 0,
+             store_status status = store_status::ok) {
+  store_frame_header h;
+  h.op = static_cast<std::uint8_t>(op);
+  h.status = static_cast<std::uint8_t>(status);
+  h.key_len = static_cast<std::uint32_t>(key_len);
+  h.value_len = value_len;
+  h.arg = arg;
+  const auto head = store_encode_header(h);
+  return {head.begin(), head.end()};
+}
+
+bytes keys(std::initializer_list<std::string> list) {
+  const std::vector<std::string> v(list);
+  return store_encode_keys(v);
+}
+
+bytes le(std::uint64_t v, std::size_t n) {
+  bytes b(n);
+  store_put_le(b.data(), v, n);
+  return b;
+}
+
+bytes hello(std::uint32_t rank, std::uint32_t size = 2, std::uint32_t version = store_version) {
+  bytes out = header(store_op::hello, 0, store_hello_bytes);
+  append(out, le(store_magic, 4));
+  append(out, le(version, 4));
+  append(out, le(rank, 4));
+  append(out, le(size, 4));
+  return out;
+}
+
+bytes with_count(std::size_t count, const bytes& b) {
+  bytes out{static_cast<std::byte>(count - 1)};
+  append(out, b);
+  return out;
+}
+
+void store_protocol_seeds() {
+  seed("store_protocol", "hello", with_count(1, hello(0)));
+  bytes set = header(store_op::set, 5, 3);
+  append(set, std::string_view("key/0abc"));
+  seed("store_protocol", "set", with_count(1, set));
+  seed("store_protocol", "get_many_header", with_count(1, header(store_op::get_many, 0, 40, 500)));
+  seed("store_protocol", "key_list",
+       with_count(3, keys({"__chorus/hello/0", "__chorus/hello/1", "k"})));
+  bytes values = le(3, 8);
+  append(values, std::string_view("abc"));
+  append(values, le(0, 8));
+  seed("store_protocol", "value_reply", with_count(2, values));
+  bytes missing = le(2, 4);
+  append(missing, le(1, 4));
+  append(missing, le(3, 4));
+  seed("store_protocol", "missing_reply", with_count(4, missing));
+}
+
+// ---- store_server: a client's whole conversation (the server serves a world of 2) ----
+
+bytes request(store_op op, std::string_view key, const bytes& value = {}, std::int64_t arg = 0) {
+  bytes out = header(op, key.size(), value.size(), arg);
+  append(out, key);
+  append(out, value);
+  return out;
+}
+
+bytes conversation(std::initializer_list<bytes> frames) {
+  bytes out;
+  for (const auto& f : frames) append(out, f);
+  return out;
+}
+
+void store_server_seeds() {
+  const bytes abc = {std::byte{'a'}, std::byte{'b'}, std::byte{'c'}};
+  seed("store_server", "every_request",
+       conversation({hello(0), request(store_op::set, "k", abc), request(store_op::get, "k"),
+                     request(store_op::add, "c", {}, 5), request(store_op::add, "c", {}, -2),
+                     request(store_op::get_many, "", keys({"k", "c", "__chorus/hello/0"}))}));
+  seed("store_server", "waits_that_time_out",
+       conversation({hello(1), request(store_op::get_many, "", keys({"absent", "k"})),
+                     request(store_op::get, "absent")}));
+  seed("store_server", "wait_cut_short_by_hangup",
+       conversation({hello(0), request(store_op::get, "absent", {}, 10)}));
+  seed("store_server", "add_on_a_value_and_overflow",
+       conversation({hello(0), request(store_op::set, "v", abc), request(store_op::add, "v"),
+                     request(store_op::add, "n", {}, std::numeric_limits<std::int64_t>::max()),
+                     request(store_op::add, "n", {}, 1)}));
+  seed("store_server", "hello_other_version", hello(0, 2, store_version + 1));
+  seed("store_server", "hello_other_world_size", hello(0, 3));
+  seed("store_server", "hello_rank_outside_world", hello(5));
+  seed("store_server", "hello_twice", conversation({hello(0), hello(0)}));
+  seed("store_server", "set_before_hello", request(store_op::set, "k", abc));
+  seed("store_server", "key_over_limit",
+       conversation({hello(0), header(store_op::get, max_store_key + 1, 0)}));
+  bytes short_list = le(2, 4);
+  append(short_list, le(1, 4));
+  append(short_list, std::string_view("k"));
+  seed("store_server", "malformed_key_list",
+       conversation({hello(0), request(store_op::get_many, "", short_list)}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR   (tests/fuzz/corpus)\n", argv[0]);
+    return 2;
+  }
+  root = argv[1];
+  frame_seeds();
+  store_protocol_seeds();
+  store_server_seeds();
+  std::printf("wrote %d seeds under %s\n", written, argv[1]);
+  return 0;
+}
