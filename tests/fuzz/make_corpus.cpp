@@ -4,7 +4,9 @@
 // Usage: fuzz_make_corpus tests/fuzz/corpus    (writes <dir>/<target>/<seed>; see README.md)
 #include <chorus/bootstrap/detail/store_protocol.hpp>
 #include <chorus/detail/frame.hpp>
+#include <chorus/transport/shm/channel.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -108,6 +110,76 @@ void frame_seeds() {
   seed("frame", "truncated_payload", cut);
   cut.resize(1 + 20);
   seed("frame", "truncated_header", cut);
+}
+
+// ---- shm_frame: control, payload lengths, records (shm_frame.cpp describes the format) ----
+
+bytes le16(std::size_t v) {
+  return {static_cast<std::byte>(v & 0xff), static_cast<std::byte>((v >> 8) & 0xff)};
+}
+
+/// A frame as a producer lays it in the ring at `pos`: tag, header, payload, padding.
+bytes ring_frame(std::uint64_t pos, std::uint64_t slice, std::size_t length,
+                 std::uint32_t magic = frame_magic) {
+  bytes out(shm_tag_bytes);
+  store_put_le(out.data(), shm_tag(pos, 0), shm_tag_bytes);
+  append(out, frame(slice, pattern(length), magic));
+  out.resize(shm_frame_bytes(length));
+  return out;
+}
+
+/// Records that write `b` in chunks of at most `chunk` bytes, pumping after each.
+bytes writes(const bytes& b, std::size_t chunk = 65535) {
+  bytes out;
+  for (std::size_t at = 0; at < b.size(); at += chunk) {
+    const std::size_t n = std::min(chunk, b.size() - at);
+    out.push_back(std::byte{0});
+    append(out, le16(n));
+    append(out, std::span(b).subspan(at, n));
+  }
+  return out;
+}
+
+bytes lying_head(std::int64_t ahead) {
+  bytes out{std::byte{1}};
+  append(out, le16(static_cast<std::size_t>(ahead + 32768)));
+  return out;
+}
+
+const bytes release_record = {std::byte{2}, std::byte{0}, std::byte{0}};
+
+bytes ring_input(unsigned control, std::initializer_list<std::size_t> lengths,
+                 std::initializer_list<bytes> records) {
+  bytes out{static_cast<std::byte>(control)};
+  for (std::size_t l : lengths) append(out, le16(l));
+  for (const auto& r : records) append(out, r);
+  return out;
+}
+
+void shm_frame_seeds() {
+  constexpr unsigned lendable = 4;
+  seed("shm_frame", "one_frame", ring_input(0, {12}, {writes(ring_frame(0, 0, 12))}));
+  // 16 bytes of payload fill the frame's one line: complete with its tag, head unread.
+  bytes second = ring_frame(64, 1, 100);
+  seed("shm_frame", "one_line_then_two_chunks",
+       ring_input(1, {16, 100}, {writes(ring_frame(0, 0, 16)), writes(second, 64)}));
+  seed("shm_frame", "lent_and_released",
+       ring_input(lendable, {200}, {writes(ring_frame(0, 0, 200)), release_record}));
+  seed("shm_frame", "two_lent_released_in_order",
+       ring_input(1 | lendable, {100, 300},
+                  {writes(ring_frame(0, 0, 100)), writes(ring_frame(192, 1, 300)), release_record,
+                   release_record}));
+  // Longer than the 4096-byte ring: copied out as the producer writes it, lap after lap.
+  seed("shm_frame", "longer_than_the_ring",
+       ring_input(0, {6000}, {writes(ring_frame(0, 0, 6000), 2048)}));
+  bytes start = ring_frame(0, 0, 3000);
+  start.resize(64);
+  seed("shm_frame", "head_ahead_of_the_bytes",
+       ring_input(0, {3000}, {writes(start), lying_head(10000)}));
+  seed("shm_frame", "head_behind_the_bytes",
+       ring_input(0, {3000}, {writes(start), lying_head(-32768)}));
+  seed("shm_frame", "bad_magic", ring_input(0, {12}, {writes(ring_frame(0, 0, 12, 0x12345678))}));
+  seed("shm_frame", "mismatched_slice", ring_input(0, {12}, {writes(ring_frame(0, 1, 12))}));
 }
 
 // ---- store_protocol: a key count byte (count - 1), then the bytes ----
@@ -221,6 +293,7 @@ int main(int argc, char** argv) {
   }
   root = argv[1];
   frame_seeds();
+  shm_frame_seeds();
   store_protocol_seeds();
   store_server_seeds();
   std::printf("wrote %d seeds under %s\n", written, argv[1]);
