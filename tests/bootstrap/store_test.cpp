@@ -521,6 +521,15 @@ TEST_CASE("values of every size up to the 64 MiB limit arrive whole as the serve
   }
 }
 
+TEST_CASE("a get_many key list that names a key twice is refused, so a reply cannot outgrow the store") {
+  using chorus::detail::store_decode_keys;
+  using chorus::detail::store_encode_keys;
+  const std::vector<std::string> distinct = {"a", "b", "ab"};
+  const std::vector<std::string> repeated = {"a", "b", "a"};
+  CHECK(store_decode_keys(store_encode_keys(distinct)) == distinct);
+  CHECK(!store_decode_keys(store_encode_keys(repeated)));
+}
+
 TEST_CASE("a get of a key nobody sets times out naming the key and the store's address") {
   auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 300ms});
   auto start = clock_type::now();

@@ -61,6 +61,11 @@ void key_list(std::span<const std::byte> in) {
   for (const auto& k : *keys) {
     if (k.empty() || k.size() > max_store_key) fail("a key list with a bad key was accepted");
   }
+  std::vector<std::string> sorted = *keys;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::unique(sorted.begin(), sorted.end()) != sorted.end()) {
+    fail("a key list naming a key twice was accepted");
+  }
   if (!same(store_encode_keys(*keys), in)) fail("a key list does not re-encode to its bytes");
 }
 

@@ -2,6 +2,7 @@
 // The rendezvous store's wire format: length-prefixed binary frames and their limits.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -159,8 +160,8 @@ inline std::vector<std::byte> store_encode_keys(std::span<const std::string> key
   return out;
 }
 
-/// Decodes a get_many key list; nullopt unless every length is in bounds and the list fills
-/// the buffer exactly.
+/// Decodes a get_many key list; nullopt unless every length is in bounds, the list fills the
+/// buffer exactly and no key appears twice.
 inline std::optional<std::vector<std::string>> store_decode_keys(std::span<const std::byte> in) {
   if (in.size() < 4) return std::nullopt;
   std::uint64_t n = store_get_le(in.data(), 4);
@@ -178,6 +179,12 @@ inline std::optional<std::vector<std::string>> store_decode_keys(std::span<const
     at += len;
   }
   if (at != in.size()) return std::nullopt;
+  // The reply carries each named key's value, so a key named again and again would let a few
+  // bytes of request ask for a reply thousands of times larger than anything stored (6500
+  // names of one 32 KiB value: 213 MB). Clients never name a key twice.
+  std::vector<std::string_view> sorted(keys.begin(), keys.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return std::nullopt;
   return keys;
 }
 
