@@ -549,6 +549,30 @@ TEST_CASE("a single process's store works alone on an ephemeral port") {
   CHECK(store.get("empty").empty());
 }
 
+TEST_CASE("values of every size up to the 64 MiB limit arrive whole as the server's buffer grows") {
+  // The server grows a request's body as its bytes arrive (64 KiB, then doubling), so sizes
+  // around the steps and the limit itself, behind the longest key, must all arrive intact.
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 30s});
+  const std::string long_key(chorus::detail::max_store_key, 'k');
+  for (std::size_t size : {std::size_t{65535}, std::size_t{65536}, std::size_t{65537},
+                           std::size_t{(1 << 20) + 3}, chorus::detail::max_store_value}) {
+    CAPTURE(size);
+    std::vector<std::byte> value(size);
+    for (std::size_t i = 0; i < size; ++i) value[i] = static_cast<std::byte>(i % 251);
+    store.set(long_key, value);
+    CHECK(store.get(long_key) == value);
+  }
+}
+
+TEST_CASE("a get_many key list that names a key twice is refused, so a reply cannot outgrow the store") {
+  using chorus::detail::store_decode_keys;
+  using chorus::detail::store_encode_keys;
+  const std::vector<std::string> distinct = {"a", "b", "ab"};
+  const std::vector<std::string> repeated = {"a", "b", "a"};
+  CHECK(store_decode_keys(store_encode_keys(distinct)) == distinct);
+  CHECK(!store_decode_keys(store_encode_keys(repeated)));
+}
+
 TEST_CASE("a get of a key nobody sets times out naming the key and the store's address") {
   auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 300ms});
   auto start = clock_type::now();

@@ -7,6 +7,7 @@
 #include <chorus/transport/shm.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <string>
@@ -149,4 +150,32 @@ TEST_CASE("large rings and 2 MiB slices at 8 ranks on 2 cores give exact results
       RANK_CHECK(wrong == 0);
     }
   }, {.deadline = std::chrono::seconds(120), .env = env});
+}
+
+TEST_CASE("a ring head over a ring ahead of our tail is a protocol error, not a read past the ring") {
+  // Shared memory is written by another process: a head it corrupted must not be trusted. Here
+  // a 4096-byte ring (the smallest shm_options allows) holds one frame header, and the head
+  // claims 10000 bytes more: copying them would read past the ring's end.
+  std::vector<std::byte> ring(4096);
+  detail::shm_ring_ctl ctl{};
+  detail::shm_member writer{};
+  detail::shm_receiver rx(&ctl, {ring.data(), ring.size()}, &writer, 0, 0, 1);
+  std::vector<std::byte> payload(16000);
+  transfer x;
+  x.header = detail::make_header({7, 4000}, 0, 0, 16000);
+  x.data = payload.data();
+  x.length = payload.size();
+  const std::uint64_t tag = detail::shm_tag(0, 0);
+  std::memcpy(ring.data(), &tag, sizeof tag);
+  std::memcpy(ring.data() + detail::shm_tag_bytes, &x.header, sizeof x.header);
+  ctl.head.store(64 + 10000);
+  rx.post(&x);
+  try {
+    rx.pump();
+    FAIL("a corrupt head was trusted");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::protocol);
+    CHECK(std::string(e.what()).find("ring from rank 1 is corrupt") != std::string::npos);
+  }
+  CHECK(!x.done);
 }

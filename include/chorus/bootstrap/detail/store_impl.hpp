@@ -229,31 +229,15 @@ struct tcp_store::state {
     std::vector<std::vector<std::byte>> values;
     auto status = static_cast<store_status>(r.header.status);
     if (status == store_status::error) throw_reply_error(r, what);
-    std::span<const std::byte> in = r.value;
     if (status == store_status::timeout) {
-      if (in.size() < 4) protocol_failure(what, "truncated list of missing keys");
-      std::uint64_t m = store_get_le(in.data(), 4);
-      if (m == 0 || m > keys.size() || in.size() != 4 + 4 * m) {
-        protocol_failure(what, "malformed list of missing keys");
+      std::vector<std::size_t> indices;
+      if (auto bad = store_decode_missing(r.value, keys.size(), indices)) {
+        protocol_failure(what, *bad);
       }
-      for (std::size_t i = 0; i < m; ++i) {
-        std::uint64_t index = store_get_le(in.data() + 4 + 4 * i, 4);
-        if (index >= keys.size()) protocol_failure(what, "missing-key index out of range");
-        missing.push_back(static_cast<int>(index));
-      }
+      for (std::size_t i : indices) missing.push_back(static_cast<int>(i));  // i < world size
       return values;
     }
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (in.size() - at < 8) protocol_failure(what, "truncated value list");
-      std::uint64_t len = store_get_le(in.data() + at, 8);
-      at += 8;
-      if (len > in.size() - at) protocol_failure(what, "value length past the end of the reply");
-      auto first = in.begin() + static_cast<std::ptrdiff_t>(at);
-      values.emplace_back(first, first + static_cast<std::ptrdiff_t>(len));
-      at += static_cast<std::size_t>(len);
-    }
-    if (at != in.size()) protocol_failure(what, "trailing bytes after the value list");
+    if (auto bad = store_decode_values(r.value, keys.size(), values)) protocol_failure(what, *bad);
     return values;
   }
 

@@ -2,6 +2,7 @@
 // The rendezvous store's wire format: length-prefixed binary frames and their limits.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -159,8 +160,8 @@ inline std::vector<std::byte> store_encode_keys(std::span<const std::string> key
   return out;
 }
 
-/// Decodes a get_many key list; nullopt unless every length is in bounds and the list fills
-/// the buffer exactly.
+/// Decodes a get_many key list; nullopt unless every length is in bounds, the list fills the
+/// buffer exactly and no key appears twice.
 inline std::optional<std::vector<std::string>> store_decode_keys(std::span<const std::byte> in) {
   if (in.size() < 4) return std::nullopt;
   std::uint64_t n = store_get_le(in.data(), 4);
@@ -178,7 +179,55 @@ inline std::optional<std::vector<std::string>> store_decode_keys(std::span<const
     at += len;
   }
   if (at != in.size()) return std::nullopt;
+  // The reply carries each named key's value, so a key named again and again would let a few
+  // bytes of request ask for a reply thousands of times larger than anything stored (6500
+  // names of one 32 KiB value: 213 MB). Clients never name a key twice.
+  std::vector<std::string_view> sorted(keys.begin(), keys.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return std::nullopt;
   return keys;
+}
+
+/// Decodes a get_many ok reply to a list of `count` keys (n x (u64 len, bytes)) into `values`,
+/// replacing its contents. Returns why the reply is malformed, or nullopt. Every length is
+/// checked against the bytes left before a byte is copied, so a reply cannot make the client
+/// read past its end.
+inline std::optional<std::string> store_decode_values(std::span<const std::byte> in,
+                                                      std::size_t count,
+                                                      std::vector<std::vector<std::byte>>& values) {
+  values.clear();
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (in.size() - at < 8) return "truncated value list";
+    std::uint64_t len = store_get_le(in.data() + at, 8);
+    at += 8;
+    if (len > in.size() - at) return "value length past the end of the reply";
+    auto first = in.begin() + static_cast<std::ptrdiff_t>(at);
+    values.emplace_back(first, first + static_cast<std::ptrdiff_t>(len));
+    at += static_cast<std::size_t>(len);
+  }
+  if (at != in.size()) return "trailing bytes after the value list";
+  return std::nullopt;
+}
+
+/// Decodes a get_many timeout reply to a list of `count` keys (u32 m, m x u32 index) into
+/// `missing`, replacing its contents: the indices of the keys still missing. Returns why the
+/// reply is malformed, or nullopt. The server lists indices in increasing order, so a repeated
+/// or unsorted index is a bad reply too (it would name a rank twice in the timeout message).
+inline std::optional<std::string> store_decode_missing(std::span<const std::byte> in,
+                                                       std::size_t count,
+                                                       std::vector<std::size_t>& missing) {
+  if (in.size() < 4) return "truncated list of missing keys";
+  std::uint64_t m = store_get_le(in.data(), 4);
+  if (m == 0 || m > count || in.size() != 4 + 4 * m) return "malformed list of missing keys";
+  missing.clear();
+  for (std::size_t i = 0; i < m; ++i) {
+    std::uint64_t index = store_get_le(in.data() + 4 + 4 * i, 4);
+    if (index >= count) return "missing-key index out of range";
+    if (!missing.empty() && index <= missing.back()) return "missing-key indices out of order";
+    missing.push_back(static_cast<std::size_t>(index));
+  }
+  return std::nullopt;
 }
 
 }  // namespace chorus::detail

@@ -41,8 +41,9 @@ inline std::string store_hello_key(int rank) { return "__chorus/hello/" + std::t
 /// Design points:
 ///  1. One thread, poll(), non-blocking sockets: a peer that stalls mid-frame or never reads
 ///     its replies cannot stall the others.
-///  2. Every header is checked before its body is allocated (store_check_request); a bad frame
-///     closes that connection with a logged reason and nothing else.
+///  2. Every header is checked before its body is allocated (store_check_request), and the body
+///     grows only as its bytes arrive; a bad frame closes that connection with a logged reason
+///     and nothing else.
 ///  3. One request per connection at a time: while a request waits (get) or its reply is
 ///     unsent, the server stops reading that connection. Clients are synchronous, so this
 ///     costs nothing and bounds the server's memory per connection to one frame.
@@ -197,6 +198,8 @@ class store_server {
   // Caps connections so that a flood of idle sockets cannot exhaust descriptors; ranks get
   // room on top of it.
   static constexpr std::size_t max_stranger_connections = 256;
+  // A body's buffer starts at this size and doubles as its bytes arrive.
+  static constexpr std::size_t body_step = 64 * 1024;
 
   static unique_fd listen_on(const store_address& a, int& err) {
     unique_fd fd(::socket(a.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
@@ -435,6 +438,9 @@ class store_server {
   // makes the connection busy.
   void read_some(connection& c) {
     if (c.auth && !authenticate(c)) return;
+    auto body_bytes = [&] {
+      return c.header.key_len + static_cast<std::size_t>(c.header.value_len);
+    };
     while (!c.dead && !c.busy()) {
       std::byte* dst = nullptr;
       std::size_t want = 0;
@@ -442,6 +448,11 @@ class store_server {
         dst = c.head.data() + c.head_have;
         want = store_header_bytes - c.head_have;
       } else {
+        // A header may claim 64 MiB: the body's memory follows the bytes that really arrive
+        // (sized from the header alone, 24 bytes made the server allocate and zero 64 MiB).
+        if (c.body_have == c.body.size()) {
+          c.body.resize(std::min(body_bytes(), std::max(2 * c.body.size(), body_step)));
+        }
         dst = c.body.data() + c.body_have;
         want = c.body.size() - c.body_have;
       }
@@ -465,10 +476,10 @@ class store_server {
         if (auto bad = store_check_request(c.header, c.rank >= 0))
           return drop(c, "bad frame: " + *bad);
         c.have_header = true;
-        c.body.assign(c.header.key_len + static_cast<std::size_t>(c.header.value_len), std::byte{});
+        c.body.clear();
         c.body_have = 0;
       }
-      if (c.body_have < c.body.size()) continue;
+      if (c.body_have < body_bytes()) continue;
       handle_frame(c);
       c.have_header = false;
       c.head_have = 0;

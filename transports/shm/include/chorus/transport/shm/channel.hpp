@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <string>
 
 #include <chorus/concepts.hpp>
 #include <chorus/detail/frame.hpp>
@@ -251,6 +252,17 @@ class shm_receiver {
     if (whole_ && have_header_) return true;
     if (head_ >= rd_ + n) return true;
     head_ = ctl_->head.load(std::memory_order_acquire);
+    // The producer never gets more than a ring ahead of the tail we published. A head past
+    // that is memory another process corrupted; trusted, it had us copy bytes nobody wrote,
+    // and with rings under 64 KiB read past the ring's end (seen writing fuzz_shm_frame).
+    if (head_ > published_ + ring_.bytes) {
+      throw error(errc::protocol,
+                  "the shared-memory ring from rank " + std::to_string(peer_) +
+                      " is corrupt: its head is " + std::to_string(head_ - published_) +
+                      " bytes past our tail, in a ring of " + std::to_string(ring_.bytes) +
+                      " bytes",
+                  {peer_}, std::nullopt, "recv");
+    }
     return head_ >= rd_ + n;
   }
 
