@@ -54,6 +54,12 @@ inline constexpr std::size_t auth_challenge_bytes = 80;
 inline constexpr std::size_t auth_proof_bytes = 32;
 /// How long a connection has from accept to a verified proof before it is closed.
 inline constexpr std::chrono::seconds auth_timeout{5};
+/// Strangers a server keeps in their handshake at once (the store: on top of its ranks); more
+/// wait, not accepted, in the kernel's backlog. It bounds the descriptors a flood can take (a
+/// quarter of the common soft limit of 1024), and sets how long a flood delays a rank queued
+/// behind it: auth_timeout per auth_max_pending stalled strangers. At 64, the tcp set-up's
+/// first value, a burst of 200 silent connections (tests/security) held set-up for 15 s.
+inline constexpr std::size_t auth_max_pending = 256;
 
 using auth_id = std::array<std::byte, 16>;
 using auth_nonce = std::array<std::byte, 32>;

@@ -193,9 +193,9 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     std::fprintf(stderr, "chorus: rank %d rejected a connection from %s: %s\n", info.rank,
                  p.from.str().c_str(), why.c_str());
   };
-  // More concurrent handshakes than this wait in the kernel's backlog: a burst of strangers
-  // cannot exhaust descriptors.
-  constexpr std::size_t max_handshakes = 64;
+  // More concurrent handshakes than auth_max_pending wait in the kernel's backlog: a burst of
+  // strangers cannot exhaust descriptors.
+  constexpr std::size_t max_handshakes = auth_max_pending;
   std::vector<pollfd> fds;
   while (expected > 0) {
     auto now = clock::now();
@@ -277,6 +277,9 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
       }
     }
   }
+  // Every rank's connection is in, so the handshakes still running are strangers'; they are
+  // closed with the listener, each with its line like any other refused connection.
+  for (const auto& p : handshakes) reject(*p, "set-up finished before it completed a handshake");
   return t;
 }
 
