@@ -221,7 +221,8 @@ class attacker {
   /// Empty when handshakes could be captured; otherwise why not (no replays were made).
   const std::string& capture_note() const { return capture_note_; }
   std::size_t captured_handshakes() const { return captures_.size(); }
-  /// Whether the attacker ran at real-time priority (see run()).
+  /// Whether the attacker ran at real-time priority; if not, the ranks ran at nice 10 (see
+  /// run()).
   bool realtime() const { return realtime_; }
   /// Set when the attacker itself hit an error it could not attack through.
   const std::string& failure() const { return failure_; }
@@ -806,11 +807,16 @@ class attacker {
   void run() {
     // An attacker on another machine has CPUs of its own; here it shares two cores with the
     // ranks, and at their priority it would find the data listeners, which live for tens of
-    // milliseconds, only as set-up ends. Real-time priority (root only) gives it the head
-    // start a remote attacker has; it sleeps in epoll_wait between scans, never spins.
+    // milliseconds, mostly after they closed. Real-time priority (root only) gives it the
+    // head start a remote attacker has; it sleeps in epoll_wait between scans, never spins.
+    // Elsewhere the ranks' nice value is raised instead (any user may do that to its own
+    // processes; threads they start later inherit it).
     sched_param sp{};
     sp.sched_priority = 1;
     realtime_ = ::pthread_setschedparam(::pthread_self(), SCHED_FIFO, &sp) == 0;
+    if (!realtime_) {
+      for (pid_t pid : pids_) ::setpriority(PRIO_PROCESS, static_cast<id_t>(pid), 10);
+    }
     try {
       loop();
     } catch (const std::exception& e) {
