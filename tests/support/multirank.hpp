@@ -18,6 +18,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -99,6 +100,10 @@ struct run_options {
   std::map<std::string, std::string> env{};  ///< extra environment for every rank
   bool build_communicator = true;             ///< false: body gets no communicator (env tests)
   std::vector<int> expect_killed{};          ///< ranks that kill themselves on purpose
+  std::string stderr_path{};                  ///< non-empty: every rank appends its stderr here
+  /// Called in the parent once every rank is forked, with their pids (rank order) and the
+  /// store's port, while they run: to watch them, or attack them (tests/security).
+  std::function<void(const std::vector<pid_t>&, int master_port)> started{};
 };
 
 /// Forks n ranks running `body(comm)`; CHECKs that each exits 0. Returns the exit statuses.
@@ -111,6 +116,14 @@ inline std::vector<int> run_ranks(int n, const std::function<void(communicator&)
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      if (!o.stderr_path.empty()) {
+        const int fd =
+            ::open(o.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+          ::dup2(fd, STDERR_FILENO);
+          ::close(fd);
+        }
+      }
       ::setenv("CHORUS_RANK", std::to_string(r).c_str(), 1);
       ::setenv("CHORUS_WORLD_SIZE", std::to_string(n).c_str(), 1);
       ::setenv("CHORUS_LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -135,6 +148,7 @@ inline std::vector<int> run_ranks(int n, const std::function<void(communicator&)
     }
     pids.push_back(pid);
   }
+  if (o.started) o.started(pids, port);
   std::vector<int> status(static_cast<std::size_t>(n), -1);
   const auto deadline = std::chrono::steady_clock::now() + o.deadline;
   int left = n;

@@ -53,6 +53,12 @@ inline std::string store_hello_key(int rank) { return "__chorus/hello/" + std::t
 ///     has proved knowledge of the job secret; a connection that has not proved it and said
 ///     hello within auth_timeout (5 s) is closed with a logged reason, so neither garbage
 ///     nor a silent connection can hold a slot for long.
+///  6. At most auth_max_pending strangers (ranks get room on top) are served at once; the
+///     rest wait in the kernel's backlog, first come first served, and are accepted as
+///     stalled strangers time out. Accepting and closing the excess instead, as the store
+///     once did, let a burst of 400 strangers at start-up (tests/security) close ranks' own
+///     connections as strangers' and fail the job; now a flood can only delay the ranks,
+///     by auth_timeout per auth_max_pending stalled strangers ahead of them.
 class store_server {
  public:
   /// Binds and listens on `host`:`port` (port 0: an ephemeral port; see port()). Throws
@@ -195,9 +201,6 @@ class store_server {
     bool busy() const { return wait.has_value() || out_sent < out.size() || close_after_flush; }
   };
 
-  // Caps connections so that a flood of idle sockets cannot exhaust descriptors; ranks get
-  // room on top of it.
-  static constexpr std::size_t max_stranger_connections = 256;
   // A body's buffer starts at this size and doubles as its bytes arrive.
   static constexpr std::size_t body_step = 64 * 1024;
 
@@ -503,8 +506,13 @@ class store_server {
     if (c.close_after_flush) c.dead = true;
   }
 
+  // Design point 6: the rest wait in the backlog.
+  bool full() const {
+    return conns_.size() >= auth_max_pending + static_cast<std::size_t>(world_size_);
+  }
+
   void accept_all(int listener, store_clock::time_point now) {
-    for (;;) {
+    while (!full()) {
       sockaddr_storage peer{};
       socklen_t len = sizeof peer;
       int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &len,
@@ -524,10 +532,6 @@ class store_server {
       c->fd.reset(fd);
       c->peer = store_numeric_address(reinterpret_cast<sockaddr*>(&peer), len);
       c->hello_deadline = now + hello_timeout_;
-      if (conns_.size() >= max_stranger_connections + static_cast<std::size_t>(world_size_)) {
-        store_log("store " + address_ + ": " + c->peer + ": too many connections; closing it");
-        continue;
-      }
       store_set_nodelay(fd);
       c->auth.emplace(secret_, job_, check_handshake);
       conns_.push_back(std::move(c));
@@ -557,8 +561,16 @@ class store_server {
       // clients instead of a hang.
       store_log("store " + address_ + ": server stopped: " + e.what());
     }
+    // Strangers still in their handshake get their line too, so that every connection the
+    // store refused says why.
+    for (auto& c : conns_) {
+      if (!c->dead && c->rank < 0 && !c->close_after_flush) {
+        log(*c, "closing connection: the store is shutting down");
+      }
+    }
     conns_.clear();
     listeners_.clear();
+    auth_thread_done();
   }
 
   void serve() {
@@ -587,8 +599,9 @@ class store_server {
       if (linger_deadline) next = std::min(next, *linger_deadline);
       fds.clear();
       fds.push_back({wake_read_.get(), POLLIN, 0});
-      bool accepting = accept_paused_until_ <= now;
-      if (!accepting) next = std::min(next, accept_paused_until_);
+      bool accepting = accept_paused_until_ <= now && !full();
+      // Full: the next hello deadline below frees a slot, and wakes the loop.
+      if (accept_paused_until_ > now) next = std::min(next, accept_paused_until_);
       for (const auto& l : listeners_)
         fds.push_back({l.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       for (const auto& c : conns_) {

@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// Wiring of the TCP transport: listen, publish, dial the higher ranks, accept the lower;
+// Wiring of the TCP transport: listen, publish, accept the lower ranks while dialing the higher;
 // every connection authenticated (detail/handshake.hpp) before it carries a frame.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <chorus/bootstrap/detail/handshake.hpp>
@@ -118,52 +122,14 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     t.conns_[peer * k + idx] = std::move(c);
   };
 
-  // 3. Dial every higher rank and prove the secret to it. A peer answers handshakes only
-  //    once it accepts (step 4), after its own dials; that cannot deadlock because ranks
-  //    dial only higher ranks: the highest dials nobody and accepts at once, which lets the
-  //    next lower finish its dials and accept, and so on down.
-  for (std::size_t peer = static_cast<std::size_t>(info.rank) + 1; peer < n; ++peer) {
-    if (!wanted[peer]) continue;
-    store_address to;
-    to.storage = addrs[peer].storage;
-    to.length = addrs[peer].length;
-    to.family = addrs[peer].family();
-    for (std::size_t idx = 0; idx < k; ++idx) {
-      const auto fail = [&](const std::string& why) {
-        return error(errc::bootstrap,
-                     "rank " + std::to_string(info.rank) + " cannot connect to rank " +
-                         std::to_string(peer) + " at " + addrs[peer].str() + ": " + why,
-                     {static_cast<int>(peer)}, std::nullopt, "connect");
-      };
-      unique_fd fd;
-      for (;;) {
-        int err = 0;
-        fd = store_connect_tcp(to, deadline, err);
-        if (fd) break;
-        // Refused: the peer's listener may be momentarily full; retry until the deadline.
-        if ((err != ECONNREFUSED && err != EINTR && err != EAGAIN) || clock::now() > deadline) {
-          throw fail(store_errno_text(err));
-        }
-        ::usleep(10000);
-      }
-      auth_hello hello;
-      hello.kind = auth_kind::tcp;
-      hello.initiator = static_cast<std::uint32_t>(info.rank);
-      hello.responder = static_cast<std::uint32_t>(peer);
-      hello.index = static_cast<std::uint32_t>(idx);
-      hello.world = static_cast<std::uint32_t>(info.size);
-      hello.job = job;
-      hello.comm = comm;
-      hello.flags = opts.encrypt ? auth_flag_encrypt : 0;
-      auth_result proved;
-      if (auto why = auth_initiate(fd.get(), secret, hello, deadline, proved)) throw fail(*why);
-      install(std::move(fd), peer, idx, proved, true);
-    }
-  }
-
-  // 4. Accept the lower ranks' connections. Handshakes run side by side under poll(), each
-  //    with auth_timeout (5 s) to finish, so a stranger that connects and stalls, or sends
-  //    garbage, costs one logged line and never the set-up.
+  // 3. Accept the lower ranks' connections, on a thread of their own while this one dials
+  //    (step 4). Handshakes run side by side under poll(), each with auth_timeout (5 s) to
+  //    finish, so a stranger that connects and stalls, or sends garbage, costs one logged
+  //    line and never the set-up. Accepting while dialing matters under a flood: a
+  //    stranger's 5 s start when it is accepted, and when ranks accepted only after their
+  //    own dials, a flood beyond auth_max_pending on every listener (tests/security) held
+  //    each rank's accepts until the rank above it had served its own flood: 5 s per rank,
+  //    30 s for 8 ranks, past the bootstrap timeout for a few dozen.
   std::size_t expected = 0;
   for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
     if (wanted[peer]) expected += k;
@@ -200,95 +166,173 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
     clock::time_point deadline;
     std::vector<std::byte> out;
   };
-  std::vector<std::unique_ptr<pending>> handshakes;
   auto reject = [&](const pending& p, const std::string& why) {
     std::fprintf(stderr, "chorus: rank %d rejected a connection from %s: %s\n", info.rank,
                  p.from.str().c_str(), why.c_str());
   };
-  // More concurrent handshakes than this wait in the kernel's backlog: a burst of strangers
-  // cannot exhaust descriptors.
-  constexpr std::size_t max_handshakes = 64;
-  std::vector<pollfd> fds;
-  while (expected > 0) {
-    auto now = clock::now();
-    std::erase_if(handshakes, [&](const auto& p) {
-      if (p->deadline > now) return false;
-      reject(*p, "no complete handshake within 5 s");
-      return true;
-    });
-    if (now >= deadline) {
-      std::string missing;
-      for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
-        for (std::size_t idx = 0; idx < k && wanted[peer]; ++idx) {
-          if (!t.conns_[peer * k + idx]) {
-            missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
-            break;
+  // More concurrent handshakes than auth_max_pending wait in the kernel's backlog: a burst of
+  // strangers cannot exhaust descriptors.
+  constexpr std::size_t max_handshakes = auth_max_pending;
+  // Written when dialing fails, so that the accepting thread stops at once.
+  int stop_pipe[2];
+  if (::pipe2(stop_pipe, O_CLOEXEC) != 0) throw sys_error("pipe2");
+  unique_fd stop_read(stop_pipe[0]), stop_write(stop_pipe[1]);
+  auto accept_lower = [&] {
+    std::vector<std::unique_ptr<pending>> handshakes;
+    std::vector<pollfd> fds;
+    bool stopped = false;
+    while (expected > 0) {
+      auto now = clock::now();
+      std::erase_if(handshakes, [&](const auto& p) {
+        if (p->deadline > now) return false;
+        reject(*p, "no complete handshake within 5 s");
+        return true;
+      });
+      if (now >= deadline) {
+        std::string missing;
+        for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
+          for (std::size_t idx = 0; idx < k && wanted[peer]; ++idx) {
+            if (!t.conns_[peer * k + idx]) {
+              missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+              break;
+            }
           }
         }
+        throw error(errc::bootstrap,
+                    "rank " + std::to_string(info.rank) + " at " + local.str() +
+                        " timed out waiting for connections from ranks " + missing,
+                    {}, std::nullopt, "accept");
       }
-      throw error(errc::bootstrap,
-                  "rank " + std::to_string(info.rank) + " at " + local.str() +
-                      " timed out waiting for connections from ranks " + missing,
-                  {}, std::nullopt, "accept");
+      auto wake = deadline;
+      fds.clear();
+      fds.push_back({stop_read.get(), POLLIN, 0});
+      fds.push_back({listener.get(), static_cast<short>(handshakes.size() < max_handshakes ? POLLIN : 0), 0});
+      for (const auto& p : handshakes) {
+        fds.push_back({p->fd.get(), static_cast<short>(p->out.empty() ? POLLIN : POLLOUT), 0});
+        wake = std::min(wake, p->deadline);
+      }
+      if (::poll(fds.data(), fds.size(), poll_ms(wake)) < 0 && errno != EINTR) throw sys_error("poll");
+      if (fds[0].revents != 0) {
+        stopped = true;
+        break;
+      }
+      now = clock::now();
+      // Handshakes first (the indices of fds match them), then new connections.
+      for (std::size_t i = 0; i < handshakes.size(); ++i) {
+        pending& p = *handshakes[i];
+        if (fds[2 + i].revents == 0) continue;
+        std::string why;
+        if (!p.out.empty()) {
+          const ssize_t sent = ::send(p.fd.get(), p.out.data(), p.out.size(), MSG_NOSIGNAL);
+          if (sent > 0) p.out.erase(p.out.begin(), p.out.begin() + sent);
+          if (sent < 0 && errno != EAGAIN && errno != EINTR) why = "send: " + store_errno_text(errno);
+        } else {
+          const auto into = p.auth.next_read();
+          const ssize_t got = ::recv(p.fd.get(), into.data(), into.size(), 0);
+          if (got == 0) {
+            why = "closed the connection during the handshake";
+          } else if (got < 0) {
+            if (errno != EAGAIN && errno != EINTR) why = "recv: " + store_errno_text(errno);
+          } else {
+            const auto reply = p.auth.received(static_cast<std::size_t>(got));
+            p.out.assign(reply.begin(), reply.end());
+            if (p.auth.failed()) why = p.auth.failure();
+          }
+        }
+        if (!why.empty()) {
+          reject(p, why);
+          handshakes[i].reset();
+        } else if (p.auth.done()) {
+          // Checked again: two connections may have claimed the slot while both were proving.
+          const auto& h = p.auth.hello();
+          if (t.conns_[h.initiator * k + h.index]) {
+            reject(p, "a duplicate connection");
+          } else {
+            install(std::move(p.fd), h.initiator, h.index, p.auth.result(), false);
+            --expected;
+          }
+          handshakes[i].reset();
+        }
+      }
+      std::erase_if(handshakes, [](const auto& p) { return p == nullptr; });
+      if (fds[1].revents & POLLIN) {
+        while (handshakes.size() < max_handshakes) {
+          sock_addr from;
+          from.length = sizeof from.storage;
+          unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_NONBLOCK | SOCK_CLOEXEC));
+          if (!fd) break;
+          handshakes.push_back(std::make_unique<pending>(
+              pending{std::move(fd), from, auth_responder(secret, job, check), now + auth_timeout, {}}));
+        }
+      }
     }
-    auto wake = deadline;
-    fds.clear();
-    fds.push_back({listener.get(), static_cast<short>(handshakes.size() < max_handshakes ? POLLIN : 0), 0});
+    // Every rank it expects is in (or set-up failed): strangers are refused from now on,
+    // and those still in their handshake are closed, each with its line like any other.
+    listener.reset();
     for (const auto& p : handshakes) {
-      fds.push_back({p->fd.get(), static_cast<short>(p->out.empty() ? POLLIN : POLLOUT), 0});
-      wake = std::min(wake, p->deadline);
+      reject(*p, stopped ? "set-up failed" : "set-up finished before it completed a handshake");
     }
-    if (::poll(fds.data(), fds.size(), poll_ms(wake)) < 0 && errno != EINTR) throw sys_error("poll");
-    now = clock::now();
-    // Handshakes first (the indices of fds match them), then new connections.
-    for (std::size_t i = 0; i < handshakes.size(); ++i) {
-      pending& p = *handshakes[i];
-      if (fds[1 + i].revents == 0) continue;
-      std::string why;
-      if (!p.out.empty()) {
-        const ssize_t sent = ::send(p.fd.get(), p.out.data(), p.out.size(), MSG_NOSIGNAL);
-        if (sent > 0) p.out.erase(p.out.begin(), p.out.begin() + sent);
-        if (sent < 0 && errno != EAGAIN && errno != EINTR) why = "send: " + store_errno_text(errno);
-      } else {
-        const auto into = p.auth.next_read();
-        const ssize_t got = ::recv(p.fd.get(), into.data(), into.size(), 0);
-        if (got == 0) {
-          why = "closed the connection during the handshake";
-        } else if (got < 0) {
-          if (errno != EAGAIN && errno != EINTR) why = "recv: " + store_errno_text(errno);
-        } else {
-          const auto reply = p.auth.received(static_cast<std::size_t>(got));
-          p.out.assign(reply.begin(), reply.end());
-          if (p.auth.failed()) why = p.auth.failure();
+  };
+  std::exception_ptr accept_failure;
+  std::thread acceptor([&] {
+    try {
+      accept_lower();
+    } catch (...) {
+      accept_failure = std::current_exception();
+    }
+    auth_thread_done();
+  });
+
+  // 4. Dial every higher rank and prove the secret to it. Each answers from its own
+  //    accepting thread (step 3), so the ranks need no order among them.
+  try {
+    for (std::size_t peer = static_cast<std::size_t>(info.rank) + 1; peer < n; ++peer) {
+      if (!wanted[peer]) continue;
+      store_address to;
+      to.storage = addrs[peer].storage;
+      to.length = addrs[peer].length;
+      to.family = addrs[peer].family();
+      for (std::size_t idx = 0; idx < k; ++idx) {
+        const auto fail = [&](const std::string& why) {
+          return error(errc::bootstrap,
+                       "rank " + std::to_string(info.rank) + " cannot connect to rank " +
+                           std::to_string(peer) + " at " + addrs[peer].str() + ": " + why,
+                       {static_cast<int>(peer)}, std::nullopt, "connect");
+        };
+        unique_fd fd;
+        for (;;) {
+          int err = 0;
+          fd = store_connect_tcp(to, deadline, err);
+          if (fd) break;
+          // Refused: the peer's listener may be momentarily full; retry until the deadline.
+          if ((err != ECONNREFUSED && err != EINTR && err != EAGAIN) || clock::now() > deadline) {
+            throw fail(store_errno_text(err));
+          }
+          ::usleep(10000);
         }
-      }
-      if (!why.empty()) {
-        reject(p, why);
-        handshakes[i].reset();
-      } else if (p.auth.done()) {
-        // Checked again: two connections may have claimed the slot while both were proving.
-        const auto& h = p.auth.hello();
-        if (t.conns_[h.initiator * k + h.index]) {
-          reject(p, "a duplicate connection");
-        } else {
-          install(std::move(p.fd), h.initiator, h.index, p.auth.result(), false);
-          --expected;
-        }
-        handshakes[i].reset();
+        auth_hello hello;
+        hello.kind = auth_kind::tcp;
+        hello.initiator = static_cast<std::uint32_t>(info.rank);
+        hello.responder = static_cast<std::uint32_t>(peer);
+        hello.index = static_cast<std::uint32_t>(idx);
+        hello.world = static_cast<std::uint32_t>(info.size);
+        hello.job = job;
+        hello.comm = comm;
+        hello.flags = opts.encrypt ? auth_flag_encrypt : 0;
+        auth_result proved;
+        if (auto why = auth_initiate(fd.get(), secret, hello, deadline, proved)) throw fail(*why);
+        install(std::move(fd), peer, idx, proved, true);
       }
     }
-    std::erase_if(handshakes, [](const auto& p) { return p == nullptr; });
-    if (fds[0].revents & POLLIN) {
-      while (handshakes.size() < max_handshakes) {
-        sock_addr from;
-        from.length = sizeof from.storage;
-        unique_fd fd(::accept4(listener.get(), from.get(), &from.length, SOCK_NONBLOCK | SOCK_CLOEXEC));
-        if (!fd) break;
-        handshakes.push_back(std::make_unique<pending>(
-            pending{std::move(fd), from, auth_responder(secret, job, check), now + auth_timeout, {}}));
-      }
+  } catch (...) {
+    char byte = 1;
+    while (::write(stop_write.get(), &byte, 1) < 0 && errno == EINTR) {
     }
+    acceptor.join();
+    throw;
   }
+  acceptor.join();
+  if (accept_failure) std::rethrow_exception(accept_failure);
   return t;
 }
 
