@@ -201,8 +201,15 @@ struct tcp_store::state {
       protocol_failure(what, "a value of " + std::to_string(r.header.value_len) +
                                  " bytes, over the " + std::to_string(limit) + "-byte limit");
     }
-    r.value.resize(static_cast<std::size_t>(r.header.value_len));
-    check_io(recv_exact(fd.get(), r.value.data(), r.value.size(), reply_deadline), what);
+    // The buffer grows with the bytes that really arrive (64 KiB, then doubling), so a reply
+    // header claiming 64 MiB costs the client nothing until the bytes come.
+    const auto length = static_cast<std::size_t>(r.header.value_len);
+    while (r.value.size() < length) {
+      const std::size_t have = r.value.size();
+      r.value.resize(std::min(length, std::max(2 * have, std::size_t{64} << 10)));
+      check_io(recv_exact(fd.get(), r.value.data() + have, r.value.size() - have, reply_deadline),
+               what);
+    }
     return r;
   }
 
