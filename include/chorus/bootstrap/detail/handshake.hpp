@@ -15,12 +15,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace chorus::detail {
 
@@ -266,6 +268,27 @@ class auth_responder {
   /// The initiator's hello; authenticated once done().
   const auth_hello& hello() const noexcept { return hello_; }
   const auth_result& result() const noexcept { return result_; }
+
+  /// Reads from the non-blocking socket `fd` what it has of the handshake (never past it) and
+  /// appends the answers to `out`, for the caller to send. Returns why the connection must be
+  /// closed (failure() when the initiator failed the handshake), else nullopt: done() once
+  /// the proof verified, otherwise the socket has no more bytes for now.
+  std::optional<std::string> read_from(int fd, std::vector<std::byte>& out) {
+    while (!done() && !failed()) {
+      const auto into = next_read();
+      const ssize_t n = ::recv(fd, into.data(), into.size(), 0);
+      if (n == 0) return std::string("closed the connection during the handshake");
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;
+        return "recv: " + store_errno_text(errno);
+      }
+      const auto reply = received(static_cast<std::size_t>(n));
+      out.insert(out.end(), reply.begin(), reply.end());
+    }
+    if (failed()) return failure();
+    return std::nullopt;
+  }
 
   std::span<std::byte> next_read() noexcept {
     switch (stage_) {

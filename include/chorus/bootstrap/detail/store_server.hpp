@@ -320,26 +320,11 @@ class store_server {
   // Reads handshake bytes; the handshake's challenge is queued for the peer. Returns whether
   // the connection may go on to frames.
   bool authenticate(connection& c) {
-    while (!c.dead && !c.auth->done()) {
-      auto into = c.auth->next_read();
-      ssize_t n = ::recv(c.fd.get(), into.data(), into.size(), 0);
-      if (n == 0) {
-        drop(c, "closed the connection during the handshake");
-        return false;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
-        return false;
-      }
-      auto out = c.auth->received(static_cast<std::size_t>(n));
-      if (c.auth->failed()) {
-        drop(c, "handshake refused: " + c.auth->failure());
-        return false;
-      }
-      c.out.insert(c.out.end(), out.begin(), out.end());
+    if (auto why = c.auth->read_from(c.fd.get(), c.out)) {
+      drop(c, c.auth->failed() ? "handshake refused: " + *why : *why);
+      return false;
     }
-    if (c.dead) return false;
+    if (!c.auth->done()) return false;
     c.proved_rank = static_cast<int>(c.auth->hello().initiator);
     c.auth.reset();
     if (store_debug_enabled()) log(c, "proved the job secret as rank " + std::to_string(c.proved_rank));

@@ -165,17 +165,14 @@ class tcp_cipher {
 
   static unsigned char* as_uchar(std::byte* p) { return reinterpret_cast<unsigned char*>(p); }
 
+  // The context's direction is fixed here (EVP_CipherInit_ex's last argument); -1 in start()
+  // keeps it.
   void init(EVP_CIPHER_CTX* c, const auth_mac& key, bool encrypt) {
-    int iv_len = 12;
     const bool ok =
-        (encrypt ? EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, nullptr, nullptr)
-                 : EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, nullptr, nullptr)) == 1 &&
-        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, iv_len, nullptr) == 1 &&
-        (encrypt ? EVP_EncryptInit_ex(c, nullptr, nullptr,
-                                      reinterpret_cast<const unsigned char*>(key.data()), nullptr)
-                 : EVP_DecryptInit_ex(c, nullptr, nullptr,
-                                      reinterpret_cast<const unsigned char*>(key.data()),
-                                      nullptr)) == 1;
+        EVP_CipherInit_ex(c, EVP_aes_256_gcm(), nullptr, nullptr, nullptr, encrypt ? 1 : 0) == 1 &&
+        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, 12, nullptr) == 1 &&
+        EVP_CipherInit_ex(c, nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
+                          nullptr, -1) == 1;
     if (!ok) throw error(errc::system, "chorus: AES-256-GCM set-up failed", {peer_});
   }
 
@@ -183,11 +180,9 @@ class tcp_cipher {
   void start(EVP_CIPHER_CTX* c, std::uint64_t seq) {
     std::array<std::byte, 12> iv{};
     store_put_le(iv.data() + 4, seq, 8);
-    const bool ok = (c == seal_.get() ? EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr,
-                                                           as_uchar(iv.data()))
-                                      : EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr,
-                                                           as_uchar(iv.data()))) == 1;
-    if (!ok) throw error(errc::system, "chorus: AES-GCM nonce set-up failed", {peer_});
+    if (EVP_CipherInit_ex(c, nullptr, nullptr, nullptr, as_uchar(iv.data()), -1) != 1) {
+      throw error(errc::system, "chorus: AES-GCM nonce set-up failed", {peer_});
+    }
   }
 
   std::size_t record_length() const {

@@ -226,18 +226,8 @@ inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info&
           const ssize_t sent = ::send(p.fd.get(), p.out.data(), p.out.size(), MSG_NOSIGNAL);
           if (sent > 0) p.out.erase(p.out.begin(), p.out.begin() + sent);
           if (sent < 0 && errno != EAGAIN && errno != EINTR) why = "send: " + store_errno_text(errno);
-        } else {
-          const auto into = p.auth.next_read();
-          const ssize_t got = ::recv(p.fd.get(), into.data(), into.size(), 0);
-          if (got == 0) {
-            why = "closed the connection during the handshake";
-          } else if (got < 0) {
-            if (errno != EAGAIN && errno != EINTR) why = "recv: " + store_errno_text(errno);
-          } else {
-            const auto reply = p.auth.received(static_cast<std::size_t>(got));
-            p.out.assign(reply.begin(), reply.end());
-            if (p.auth.failed()) why = p.auth.failure();
-          }
+        } else if (auto failed = p.auth.read_from(p.fd.get(), p.out)) {
+          why = *failed;
         }
         if (!why.empty()) {
           reject(p, why);
