@@ -66,18 +66,14 @@ std::array<cd::unique_fd, 2> socket_pair() {
 // Drives a responder over `fd` until it is done or failed (blocking with a deadline).
 void respond(int fd, cd::auth_responder& r) {
   auto deadline = cd::store_clock::now() + 5s;
-  while (!r.done() && !r.failed()) {
-    auto into = r.next_read();
-    ssize_t n = ::recv(fd, into.data(), into.size(), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (cd::wait_fd(fd, POLLIN, deadline).status != cd::io_status::ok) return;
-      continue;
-    }
-    if (n <= 0) return;
-    auto out = r.received(static_cast<std::size_t>(n));
+  std::vector<std::byte> out;
+  while (!r.done()) {
+    if (r.read_from(fd, out)) return;  // failed, or the initiator hung up
     if (!out.empty()) {
-      REQUIRE(cd::send_all(fd, {{const_cast<std::byte*>(out.data()), out.size()}}, deadline)
-                  .status == cd::io_status::ok);
+      REQUIRE(cd::send_all(fd, {{out.data(), out.size()}}, deadline).status == cd::io_status::ok);
+      out.clear();
+    } else if (!r.done() && cd::wait_fd(fd, POLLIN, deadline).status != cd::io_status::ok) {
+      return;
     }
   }
 }
