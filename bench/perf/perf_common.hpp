@@ -626,6 +626,7 @@ inline int run_sweep(collective c, const options& o, chorus::communicator& comm,
         comm.reduce_scatter(in.data(), out.data(), count, o.type, rs);
         break;
       case collective::all_gather: comm.all_gather(in.data(), out.data(), count, o.type, ag); break;
+      default: break;
     }
   };
 
@@ -684,6 +685,7 @@ inline int run_sweep(collective c, const options& o, chorus::communicator& comm,
               wrong += perf::count_wrong(data + r * row.count, row.count, gathered[r], 0);
             }
             break;
+          default: break;
         }
       });
       comm.all_reduce(std::span<std::uint64_t>(&wrong, 1));  // sum over ranks

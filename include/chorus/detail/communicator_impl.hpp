@@ -13,9 +13,7 @@
 
 #include "chorus/communicator.hpp"
 #include "chorus/reduce/reduce.hpp"
-#include "chorus/schedule/hierarchical.hpp"
-#include "chorus/schedule/recursive_doubling.hpp"
-#include "chorus/schedule/ring.hpp"
+#include "chorus/schedule/build.hpp"
 
 namespace chorus {
 
@@ -144,24 +142,7 @@ struct communicator::impl {
     for (const auto& c : schedules) {
       if (c && c->kind == d.kind && c->algorithm == d.algorithm && c->count == d.count) return c->s;
     }
-    const int n = info.size;
-    const int r = info.rank;
-    schedule s;
-    switch (d.kind) {
-      case collective::all_reduce:
-        s = d.algorithm == algo::recursive_doubling ? recursive_doubling_all_reduce(r, n, d.count)
-            : d.algorithm == algo::hierarchical     ? hierarchical_all_reduce(topo, d.count)
-                                                    : ring_all_reduce(r, n, d.count);
-        break;
-      case collective::reduce_scatter:
-        s = d.algorithm == algo::hierarchical ? hierarchical_reduce_scatter(topo, d.count)
-                                              : ring_reduce_scatter(r, n, d.count);
-        break;
-      case collective::all_gather:
-        s = d.algorithm == algo::hierarchical ? hierarchical_all_gather(topo, d.count)
-                                              : ring_all_gather(r, n, d.count);
-        break;
-    }
+    schedule s = build_schedule(topo, {.kind = d.kind, .algorithm = d.algorithm, .count = d.count});
     auto& slot = schedules[next_schedule++ % schedules.size()];
     slot = cached_schedule{d.kind, d.algorithm, d.count, std::move(s)};
     return slot->s;
@@ -189,6 +170,8 @@ struct communicator::impl {
         b.input_bytes = d.count * es;
         b.output_bytes = d.count * nn * es;
         break;
+      default:
+        throw error(errc::invalid_argument, std::string(to_string(d.kind)) + " is not available yet");
     }
     const detail::op_fingerprint fp{d.seq, d.count, d.kind, d.type, d.op, s.algorithm};
     exec.run(s, fp, b, clock::now() + opts.timeout, opts.timeout);

@@ -31,7 +31,7 @@
 namespace chorus {
 
 inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count) {
-  schedule s{collective::all_reduce, algo::hierarchical, topo.rank, topo.size, 0, {}};
+  schedule s = new_schedule(collective::all_reduce, algo::hierarchical, topo.rank, topo.size);
   const std::vector<int>& local = topo.local_ranks();
   const int m = static_cast<int>(local.size());
   const int me = topo.local_rank();
@@ -136,7 +136,7 @@ inline int delegate(const topology& topo, int node, int b) {
 //            over each of its K node-crossing edges.
 // Steps are listed block by block (phase 1, then 2), senders in rank order, on every rank.
 inline schedule hierarchical_reduce_scatter(const topology& topo, std::size_t block) {
-  schedule s{collective::reduce_scatter, algo::hierarchical, topo.rank, topo.size, 0, {}};
+  schedule s = new_schedule(collective::reduce_scatter, algo::hierarchical, topo.rank, topo.size);
   const int n = topo.size;
   const int me = topo.rank;
   const auto nb = static_cast<std::size_t>(n);
@@ -190,7 +190,7 @@ inline schedule hierarchical_reduce_scatter(const topology& topo, std::size_t bl
 // every other node (phase 1, across nodes: (K-1)/K * S per node), then each distributor, and
 // b on its own node, sends it to the other ranks of the node (phase 2, inside nodes).
 inline schedule hierarchical_all_gather(const topology& topo, std::size_t block) {
-  schedule s{collective::all_gather, algo::hierarchical, topo.rank, topo.size, 0, {}};
+  schedule s = new_schedule(collective::all_gather, algo::hierarchical, topo.rank, topo.size);
   const int n = topo.size;
   const int me = topo.rank;
   auto out = [&](int b) { return region{buffer_id::output, static_cast<std::size_t>(b) * block, block}; };

@@ -24,7 +24,7 @@
 namespace chorus {
 
 inline schedule recursive_doubling_all_reduce(int rank, int nranks, std::size_t count) {
-  schedule s{collective::all_reduce, algo::recursive_doubling, rank, nranks, 0, {}};
+  schedule s = new_schedule(collective::all_reduce, algo::recursive_doubling, rank, nranks);
   const region in{buffer_id::input, 0, count};
   const region out{buffer_id::output, 0, count};
   const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(nranks)));

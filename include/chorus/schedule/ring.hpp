@@ -19,7 +19,7 @@ namespace chorus {
 /// Ring all-reduce of `count` elements. Rank r ends the reduce-scatter phase owning chunk
 /// r+1 fully reduced; the all-gather phase then circulates the owned chunks.
 inline schedule ring_all_reduce(int rank, int nranks, std::size_t count) {
-  schedule s{collective::all_reduce, algo::ring, rank, nranks, 0, {}};
+  schedule s = new_schedule(collective::all_reduce, algo::ring, rank, nranks);
   const int n = nranks;
   if (n == 1) {
     s.steps.push_back(step{.action = recv_action::copy,
@@ -60,7 +60,7 @@ inline schedule ring_all_reduce(int rank, int nranks, std::size_t count) {
 /// scratch slots used alternately: the slot written at step k is sent at step k+1 while the
 /// other slot receives, so scratch is 2 blocks, never the whole input.
 inline schedule ring_reduce_scatter(int rank, int nranks, std::size_t block) {
-  schedule s{collective::reduce_scatter, algo::ring, rank, nranks, 0, {}};
+  schedule s = new_schedule(collective::reduce_scatter, algo::ring, rank, nranks);
   const int n = nranks;
   auto in = [&](int c) {
     return region{buffer_id::input, static_cast<std::size_t>(wrap(c, n)) * block, block};
@@ -94,7 +94,7 @@ inline schedule ring_reduce_scatter(int rank, int nranks, std::size_t block) {
 /// Ring all-gather: rank r contributes `block` elements; the output holds P blocks in rank
 /// order. A local copy places our own block; step k forwards block r-k and stores r-k-1.
 inline schedule ring_all_gather(int rank, int nranks, std::size_t block) {
-  schedule s{collective::all_gather, algo::ring, rank, nranks, 0, {}};
+  schedule s = new_schedule(collective::all_gather, algo::ring, rank, nranks);
   const int n = nranks;
   auto out = [&](int c) {
     return region{buffer_id::output, static_cast<std::size_t>(wrap(c, n)) * block, block};
