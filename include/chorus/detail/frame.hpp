@@ -14,19 +14,20 @@
 namespace chorus::detail {
 
 /// Layout (little-endian, 40 bytes, no padding). The fingerprint fields (op_seq, count,
-/// kind, dtype, redop, algorithm) let a receiver notice that two ranks called different
+/// kind, dtype, redop, algorithm, root) let a receiver notice that two ranks called different
 /// operations from the very first frame, instead of hanging or reducing garbage.
 struct frame_header {
   std::uint32_t magic = 0;
   std::uint32_t length = 0;  ///< payload bytes after the header
-  std::uint64_t op_seq = 0;  ///< the communicator's operation number
-  std::uint64_t count = 0;   ///< elements the sender's call named
+  std::uint64_t op_seq = 0;  ///< the communicator's operation number (send_recv: the pair's)
+  std::uint64_t count = 0;   ///< elements the sender's call named (all_to_allv: this block's)
   std::uint8_t kind = 0;     ///< collective, or frame_abort
   std::uint8_t dtype = 0;
   std::uint8_t redop = 0;
   std::uint8_t algorithm = 0;
   std::uint32_t step = 0;
-  std::uint64_t slice = 0;
+  std::uint32_t slice = 0;
+  std::uint32_t root = 0;  ///< rooted collectives: the root; send_recv: the tag; else no_root
 };
 static_assert(sizeof(frame_header) == 40, "frame_header must have no padding");
 
@@ -34,6 +35,8 @@ inline constexpr std::uint32_t frame_magic = 0x31524843;  // "CHR1"
 /// A frame of this kind carries an error message instead of data: the sender failed and
 /// every operation with it must fail too.
 inline constexpr std::uint8_t frame_abort = 0xff;
+/// `root` of a collective that has none.
+inline constexpr std::uint32_t no_root = 0xffffffffu;
 /// Largest payload of one frame. Larger lengths on the wire are rejected before any use.
 inline constexpr std::uint32_t max_frame_payload = 64u << 20;
 
@@ -45,32 +48,43 @@ struct op_fingerprint {
   chorus::dtype type = chorus::dtype::float32;
   reduce_op op = reduce_op::sum;
   algo algorithm = algo::ring;
+  std::uint32_t root = no_root;  ///< rooted collectives: the root; send_recv: the tag
+  /// all_to_allv: ranks send each peer a different count, so each frame carries the count of
+  /// its own block (what the receiver expects from that peer) instead of `count`.
+  bool count_per_block = false;
 };
 
+/// The header of slice `slice` of step `step`; `block_count` is the step's element count,
+/// which replaces the operation's where f.count_per_block.
 inline frame_header make_header(const op_fingerprint& f, std::uint32_t step, std::uint64_t slice,
-                                std::uint32_t length) {
+                                std::uint32_t length, std::uint64_t block_count = 0) {
   return frame_header{frame_magic,
                       length,
                       f.op_seq,
-                      f.count,
+                      f.count_per_block ? block_count : f.count,
                       static_cast<std::uint8_t>(f.kind),
                       static_cast<std::uint8_t>(f.type),
                       static_cast<std::uint8_t>(f.op),
                       static_cast<std::uint8_t>(f.algorithm),
                       step,
-                      slice};
+                      static_cast<std::uint32_t>(slice),
+                      f.root};
 }
 
+/// "all_reduce(count=10, float32, sum, ring) as op 7", "broadcast(count=4, int32, root 2,
+/// chain) as op 3", "send_recv(count=8, float32, tag 5) as message 2 of the pair".
 inline std::string describe_call(const frame_header& h) {
   const auto kind = static_cast<collective>(h.kind);
   std::string s = std::string(to_string(kind)) + "(count=" + std::to_string(h.count) +
                   ", " + std::string(to_string(static_cast<chorus::dtype>(h.dtype)));
-  if (kind != collective::all_gather) {
-    s += ", " + std::string(to_string(static_cast<reduce_op>(h.redop)));
+  if (reduces(kind)) s += ", " + std::string(to_string(static_cast<reduce_op>(h.redop)));
+  if (kind == collective::send_recv) {
+    return s + ", tag " + std::to_string(h.root) + ") as message " + std::to_string(h.op_seq) +
+           " of the pair";
   }
-  s += ", " + std::string(to_string(static_cast<algo>(h.algorithm))) + ") as op " +
-       std::to_string(h.op_seq);
-  return s;
+  if (h.root != no_root) s += ", root " + std::to_string(h.root);
+  return s + ", " + std::string(to_string(static_cast<algo>(h.algorithm))) + ") as op " +
+         std::to_string(h.op_seq);
 }
 
 /// Checks a received header against the one this rank expects. Throws errc::protocol for
@@ -91,7 +105,8 @@ inline void check_header(const frame_header& got, const frame_header& want, int 
   }
   const bool same_call = got.op_seq == want.op_seq && got.count == want.count &&
                          got.kind == want.kind && got.dtype == want.dtype &&
-                         got.redop == want.redop && got.algorithm == want.algorithm;
+                         got.redop == want.redop && got.algorithm == want.algorithm &&
+                         got.root == want.root;
   if (!same_call) {
     throw error(errc::mismatch,
                 "mismatched collectives: rank " + std::to_string(self) + " called " +

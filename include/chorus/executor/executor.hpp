@@ -1,20 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// The executor: runs one rank's schedule over a transport, slice by slice, reducing as data lands.
+// The executor: runs one rank's schedules over a transport, slice by slice, reducing as data lands.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
-#include <deque>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "chorus/concepts.hpp"
 #include "chorus/detail/frame.hpp"
 #include "chorus/error.hpp"
+#include "chorus/executor/detail/hazards.hpp"
 #include "chorus/executor/staging.hpp"
 #include "chorus/reduce/reduce.hpp"
 #include "chorus/schedule/schedule.hpp"
@@ -25,7 +27,7 @@ namespace chorus {
 /// (bench/perf/all_reduce_perf); each field has a CHORUS_* variable.
 struct executor_options {
   std::size_t slice_bytes = 2 << 20;  ///< CHORUS_SLICE_BYTES: largest frame payload, >= 4 KiB
-  std::size_t window = 8;             ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs), 1..64
+  std::size_t window = 8;             ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs) per peer, 1..64
   std::chrono::microseconds spin{50};    ///< CHORUS_SPIN_US: poll this long before sleeping
 };
 
@@ -39,6 +41,41 @@ struct op_buffers {
   reduce_fn reduce = nullptr;  ///< needed when a step reduces
 };
 
+/// One operation of a run: its schedule, the fingerprint its frames carry and its buffers.
+/// Several jobs in one run progress together and complete together (grouped operations).
+struct executor_job {
+  const schedule* sched = nullptr;
+  detail::op_fingerprint fp{};
+  op_buffers buffers{};
+};
+
+namespace detail {
+
+/// The slice size the executor cuts a schedule's regions into: the largest region in at least
+/// 4 slices so that consecutive steps overlap, but no smaller than 64 KiB (per-frame costs) and
+/// no larger than `slice_bytes` or what the transport takes; a whole number of elements. The
+/// simulator prices schedules with the same cut.
+inline std::size_t slice_for(const schedule& s, std::size_t elem_size, std::size_t slice_bytes,
+                             std::size_t transport_max) {
+  std::size_t largest = 0;
+  for (const step& st : s.steps) {
+    largest = std::max({largest, st.send_from.count, st.recv_into.count});
+  }
+  const std::size_t wanted = std::min(
+      {std::max<std::size_t>(largest * elem_size / 4, 64 * 1024), slice_bytes, transport_max});
+  return std::max<std::size_t>(1, wanted / elem_size) * elem_size;
+}
+
+}  // namespace detail
+
+/// Runs schedules over a transport.
+///
+/// Per peer, sends are posted in schedule order and so are receives (the transport's
+/// contract: the k-th frame to a peer matches its k-th receive), but peers do not wait for
+/// each other: a send to one peer whose data is not ready yet never holds back a send to
+/// another, and each peer has its own window of slices in flight. Between steps only the
+/// bytes they share order them (detail/hazards.hpp), slice by slice, so a step forwards
+/// slice k as soon as the step that produces it has written slice k.
 class executor {
  public:
   executor(detail::any_transport& t, executor_options o) : transport_(t), opts_(o) {
@@ -48,24 +85,37 @@ class executor {
 
   /// Runs `s` to completion, or throws chorus::error naming the operation and the peer.
   void run(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b,
-           clock::time_point deadline, std::chrono::milliseconds timeout);
+           clock::time_point deadline, std::chrono::milliseconds timeout) {
+    const executor_job j{&s, fp, b};
+    run(std::span<const executor_job>(&j, 1), deadline, timeout);
+  }
+
+  /// Runs every job to completion together (a group), or throws chorus::error.
+  void run(std::span<const executor_job> jobs, clock::time_point deadline,
+           std::chrono::milliseconds timeout);
 
  private:
-  struct place {  // a region resolved to memory, with its canonical identity for hazards
+  using role = detail::access_role;
+  struct place {
     std::byte* ptr = nullptr;
     std::size_t bytes = 0;
-    int canon = -1;  // canonical buffer (input aliased into output maps to output)
-    std::size_t start = 0;
+    std::uintptr_t lo() const { return reinterpret_cast<std::uintptr_t>(ptr); }
+    std::uintptr_t hi() const { return lo() + bytes; }
   };
   struct step_state {
+    const step* st = nullptr;
+    std::uint32_t job = 0;
+    std::uint32_t index = 0;  // within its job's schedule
     place send, recv, local;
+    std::size_t unit = 1;  // slice bytes (a copy moves its region as one unit)
     std::size_t send_slices = 0, recv_slices = 0;
     std::size_t send_posted = 0, send_done = 0;
     std::size_t recv_posted = 0, recv_done = 0;
-    // Hazards, as lists of earlier (or same) steps whose progress gates ours slice by slice.
-    std::vector<std::uint32_t> send_after_writes;  // steps writing what we send
-    std::vector<std::uint32_t> recv_after_sends;   // steps sending what we overwrite
-    std::vector<std::uint32_t> recv_after_writes;  // steps writing what we overwrite or reduce with
+    std::uint32_t hazards_begin = 0, hazards_end = 0;  // into hazards_.gates
+
+    const place& at(role r) const {
+      return r == role::send ? send : r == role::write ? recv : local;
+    }
   };
   struct inflight {
     transfer x;
@@ -73,294 +123,361 @@ class executor {
     std::size_t slice = 0;
     std::size_t slot = 0;  // staging slot of a reducing receive
   };
-
-  std::size_t slice_len(const place& p, std::size_t k) const {
-    const std::size_t first = k * slice_;
-    return first >= p.bytes ? 0 : std::min(slice_, p.bytes - first);
-  }
-  static std::size_t slices_of(std::size_t bytes, std::size_t slice) {
-    return std::max<std::size_t>(1, (bytes + slice - 1) / slice);
-  }
-  static bool overlaps(const place& a, const place& b) {
-    if (a.canon != b.canon || a.bytes == 0 || b.bytes == 0) return false;
-    return a.start < b.start + b.bytes && b.start < a.start + a.bytes;
-  }
-  bool written_upto(std::uint32_t t, std::size_t k) const {
-    return steps_[t].recv_done >= std::min(k + 1, steps_[t].recv_slices);
-  }
-  bool sent_upto(std::uint32_t t, std::size_t k) const {
-    return steps_[t].send_done >= std::min(k + 1, steps_[t].send_slices);
-  }
-  /// k for "every slice": written_upto and sent_upto then ask for the step's last slice.
-  static constexpr std::size_t whole_step = std::numeric_limits<std::size_t>::max() - 1;
-  /// May slice k of this step's destination be written now?
-  bool hazards_clear(const step_state& ss, std::size_t k) const {
-    for (auto t : ss.recv_after_sends) {
-      if (!sent_upto(t, k)) return false;
+  /// A FIFO of at most `window` transfers at stable addresses (transports keep pointers).
+  struct fifo {
+    std::vector<inflight> ring;
+    std::size_t head = 0, size = 0;
+    bool full() const { return size == ring.size(); }
+    inflight& front() { return ring[head]; }
+    inflight& push() {
+      inflight& f = ring[(head + size++) % ring.size()];
+      f = inflight{};
+      return f;
     }
-    for (auto t : ss.recv_after_writes) {
-      if (!written_upto(t, k)) return false;
+    void pop() {
+      head = (head + 1) % ring.size();
+      --size;
+    }
+  };
+  struct peer_state {
+    std::vector<std::uint32_t> sends, recvs;  // steps sending to / receiving from this peer
+    std::size_t send_cur = 0, recv_cur = 0;   // first of them with slices left to post
+    fifo tx, rx;
+    std::size_t slot_base = 0, slots = 0, slots_used = 0, next_slot = 0;
+  };
+
+  /// Is every byte that slice k of `ss`'s place `mine` touches free of earlier steps?
+  bool clear(const step_state& ss, role mine, std::size_t k) const {
+    const place& p = ss.at(mine);
+    if (p.bytes == 0) return true;
+    const std::uintptr_t lo = k == whole ? p.lo() : p.lo() + std::min(k * ss.unit, p.bytes);
+    const std::uintptr_t hi = k == whole ? p.hi() : std::min(lo + ss.unit, p.hi());
+    for (std::uint32_t i = ss.hazards_begin; i < ss.hazards_end; ++i) {
+      const detail::gate& g = hazards_.gates[i];
+      if (g.mine != mine) continue;
+      const step_state& t = steps_[g.step];
+      const place& q = t.at(g.theirs);
+      if (hi <= q.lo() || lo >= q.hi()) continue;
+      // t works through its place in order: it must have finished every slice below hi.
+      const std::size_t upto = std::min(hi, q.hi()) - q.lo();
+      const std::size_t needed = (upto + t.unit - 1) / t.unit;
+      const std::size_t done = g.theirs == role::send ? t.send_done : t.recv_done;
+      const std::size_t total = g.theirs == role::send ? t.send_slices : t.recv_slices;
+      if (done < std::min(needed, total)) return false;
     }
     return true;
   }
+  static constexpr std::size_t whole = std::numeric_limits<std::size_t>::max();
 
-  /// How input and output overlap: not at all, or one wholly inside the other (in-place
-  /// calls). Overlapping buffers share one identity so that hazards between them are tracked.
-  struct aliasing {
-    bool input_in_output = false;  // all_reduce, all_gather in place
-    bool output_in_input = false;  // reduce_scatter in place
-    std::size_t offset = 0;        // bytes from the outer buffer's start to the inner one
-  };
-  place resolve(const region& r, const op_buffers& b, const aliasing& a);
-  void plan(const schedule& s, const op_buffers& b);
-  bool advance(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b);
-  [[noreturn]] void fail_timeout(const schedule& s, const detail::op_fingerprint& fp,
-                                 std::chrono::milliseconds timeout) const;
+  place resolve(const region& r, const op_buffers& b, std::size_t scratch_base, std::size_t i);
+  void plan(std::span<const executor_job> jobs);
+  bool advance(std::span<const executor_job> jobs);
+  bool advance_peer(std::span<const executor_job> jobs, int p);
+  bool run_copies();
+  [[noreturn]] void fail_timeout(std::span<const executor_job> jobs,
+                                 std::chrono::milliseconds timeout);
 
   detail::any_transport& transport_;
   executor_options opts_;
-  detail::staging_buffer staging_;  // window x slice bytes, for reducing receives
-  detail::staging_buffer scratch_;  // the schedule's scratch buffer
-  std::size_t slice_ = 0;
+  detail::staging_buffer staging_;  // slots for reducing receives, per peer
+  detail::staging_buffer scratch_;  // the schedules' scratch buffers
+  std::size_t slot_bytes_ = 0;
 
   // Per-run state; the vectors keep their capacity between operations.
-  std::vector<step_state> steps_;  // the first nsteps_ belong to the running schedule
-  std::size_t nsteps_ = 0;
-  std::deque<inflight> sends_, recvs_;
-  std::size_t send_step_ = 0, recv_step_ = 0;
-  std::size_t next_slot_ = 0;
+  std::vector<step_state> steps_;
+  detail::hazard_table hazards_;
+  std::vector<peer_state> peers_;  // by rank
+  std::vector<int> active_;        // peers this run talks to
+  std::vector<std::uint32_t> copies_;
+  std::size_t copy_cur_ = 0;
+  std::size_t units_left_ = 0;  // slices (and copies) not yet completed
 };
 
 // ---------------------------------------------------------------------------------------
 
 inline executor::place executor::resolve(const region& r, const op_buffers& b,
-                                         const aliasing& a) {
+                                         std::size_t scratch_base, std::size_t i) {
   place p;
   p.bytes = r.count * b.elem_size;
   const std::size_t off = r.offset * b.elem_size;
+  const std::size_t limit = r.buffer == buffer_id::input    ? b.input_bytes
+                            : r.buffer == buffer_id::output ? b.output_bytes
+                                                            : scratch_.size() - scratch_base;
+  if (r.count > 0 && (off > limit || p.bytes > limit - off)) {
+    throw error(errc::invalid_argument,
+                "schedule bug: step " + std::to_string(i) + " names bytes [" + std::to_string(off) +
+                    ", " + std::to_string(off + p.bytes) + ") of a " + std::to_string(limit) +
+                    "-byte buffer");
+  }
   switch (r.buffer) {
     case buffer_id::input:
       // The input is only read; const_cast lets one place type serve sends and copies.
       p.ptr = const_cast<std::byte*>(b.input) + off;
-      p.canon = a.input_in_output ? 1 : 0;
-      p.start = a.input_in_output ? off + a.offset : off;
       break;
     case buffer_id::output:
       p.ptr = b.output + off;
-      p.canon = a.output_in_input ? 0 : 1;
-      p.start = a.output_in_input ? off + a.offset : off;
       break;
     case buffer_id::scratch:
-      p.ptr = scratch_.data() + off;
-      p.canon = 2;
-      p.start = off;
+      p.ptr = scratch_.data() + scratch_base + off;
       break;
   }
   return p;
 }
 
-inline void executor::plan(const schedule& s, const op_buffers& b) {
-  aliasing a;
-  if (b.input_bytes > 0 && b.output_bytes > 0) {
-    if (b.input >= b.output && b.input + b.input_bytes <= b.output + b.output_bytes) {
-      a.input_in_output = true;
-      a.offset = static_cast<std::size_t>(b.input - b.output);
-    } else if (b.output >= b.input && b.output + b.output_bytes <= b.input + b.input_bytes) {
-      a.output_in_input = true;
-      a.offset = static_cast<std::size_t>(b.output - b.input);
-    }
+inline void executor::plan(std::span<const executor_job> jobs) {
+  std::size_t nsteps = 0, scratch_bytes = 0;
+  for (const executor_job& j : jobs) {
+    nsteps += j.sched->steps.size();
+    scratch_bytes += (j.sched->scratch_count * j.buffers.elem_size + 63) / 64 * 64;
   }
+  scratch_.reserve(scratch_bytes);
+  steps_.resize(nsteps);
+  const int n = transport_.size();
+  if (peers_.size() < static_cast<std::size_t>(n)) peers_.resize(static_cast<std::size_t>(n));
+  for (int p : active_) {
+    peer_state& ps = peers_[static_cast<std::size_t>(p)];
+    ps.sends.clear();
+    ps.recvs.clear();
+    ps.send_cur = ps.recv_cur = 0;
+    ps.tx.head = ps.tx.size = ps.rx.head = ps.rx.size = 0;
+    ps.slots = ps.slots_used = ps.next_slot = 0;
+  }
+  active_.clear();
+  copies_.clear();
+  copy_cur_ = 0;
+  units_left_ = 0;
+  hazards_.clear();
 
-  // Reset in place: the hazard lists keep their capacity, so a repeated small operation
-  // allocates nothing here.
-  if (steps_.size() < s.steps.size()) steps_.resize(s.steps.size());
-  for (std::size_t i = 0; i < s.steps.size(); ++i) {
-    const step& st = s.steps[i];
-    step_state& ss = steps_[i];
-    ss.send = ss.recv = ss.local = place{};
-    ss.send_slices = ss.recv_slices = 0;
-    ss.send_posted = ss.send_done = ss.recv_posted = ss.recv_done = 0;
-    ss.send_after_writes.clear();
-    ss.recv_after_sends.clear();
-    ss.recv_after_writes.clear();
-    if (st.send_peer >= 0) {
-      ss.send = resolve(st.send_from, b, a);
-      ss.send_slices = slices_of(ss.send.bytes, slice_);
+  auto touch = [&](int p) {
+    if (p < 0 || p >= n || p == transport_.rank()) {
+      throw error(errc::invalid_argument,
+                  "schedule bug: a step names rank " + std::to_string(p) + " as its peer");
     }
-    if (st.action != recv_action::none) {
-      ss.recv = resolve(st.recv_into, b, a);
-      ss.recv_slices = st.action == recv_action::copy ? 1 : slices_of(ss.recv.bytes, slice_);
-      if (st.action == recv_action::reduce || st.action == recv_action::copy) {
-        ss.local = resolve(st.reduce_with, b, a);
-      }
+    peer_state& ps = peers_[static_cast<std::size_t>(p)];
+    if (ps.sends.empty() && ps.recvs.empty()) active_.push_back(p);
+    return &ps;
+  };
+
+  std::size_t g = 0, scratch_base = 0;
+  slot_bytes_ = 0;
+  for (std::uint32_t ji = 0; ji < jobs.size(); ++ji) {
+    const executor_job& j = jobs[ji];
+    const schedule& s = *j.sched;
+    const std::size_t slice = detail::slice_for(s, j.buffers.elem_size, opts_.slice_bytes,
+                                                transport_.max_slice_bytes());
+    if (slice > detail::max_frame_payload) {
+      throw error(errc::invalid_argument, "a slice of " + std::to_string(slice) +
+                                              " bytes exceeds the largest frame");
     }
-    auto same_start = [&](const place& x, const place& c) {
-      if (overlaps(x, c) && x.start != c.start) {
-        throw error(errc::invalid_argument,
-                    "schedule bug: step " + std::to_string(i) +
-                        " touches a region that overlaps another without starting at the same "
-                        "offset (see schedule.hpp)");
-      }
-      return overlaps(x, c);
-    };
-    for (std::size_t t = 0; t <= i; ++t) {
-      const step_state& ts = steps_[t];
-      const step& tt = s.steps[t];
-      const auto tu = static_cast<std::uint32_t>(t);
-      const bool t_writes = tt.action != recv_action::none;
-      if (t < i && t_writes && st.send_peer >= 0 && same_start(ts.recv, ss.send)) {
-        ss.send_after_writes.push_back(tu);
+    for (std::size_t i = 0; i < s.steps.size(); ++i, ++g) {
+      const step& st = s.steps[i];
+      step_state& ss = steps_[g];
+      ss = step_state{};
+      ss.st = &st;
+      ss.job = ji;
+      ss.index = static_cast<std::uint32_t>(i);
+      ss.unit = slice;
+      if (st.send_peer >= 0) {
+        ss.send = resolve(st.send_from, j.buffers, scratch_base, i);
+        ss.send_slices = std::max<std::size_t>(1, (ss.send.bytes + slice - 1) / slice);
+        touch(st.send_peer)->sends.push_back(static_cast<std::uint32_t>(g));
       }
       if (st.action != recv_action::none) {
-        if (tt.send_peer >= 0 && same_start(ts.send, ss.recv)) ss.recv_after_sends.push_back(tu);
-        // Earlier writes of what we overwrite or reduce with, and earlier steps that read
-        // what we overwrite as their local operand: a step counts a slice written only after
-        // it applied it, which is also after it read its local operand.
-        if (t < i && t_writes &&
-            (same_start(ts.recv, ss.recv) ||
-             (ss.local.bytes > 0 && same_start(ts.recv, ss.local)) ||
-             (ts.local.bytes > 0 && same_start(ts.local, ss.recv)))) {
-          ss.recv_after_writes.push_back(tu);
+        ss.recv = resolve(st.recv_into, j.buffers, scratch_base, i);
+        if (st.action == recv_action::reduce || st.action == recv_action::copy) {
+          ss.local = resolve(st.reduce_with, j.buffers, scratch_base, i);
+          if (ss.local.bytes != ss.recv.bytes) {
+            throw error(errc::invalid_argument, "schedule bug: step " + std::to_string(i) +
+                                                    " reduces or copies regions of different sizes");
+          }
         }
+        if (st.action == recv_action::copy) {
+          ss.recv_slices = 1;
+          ss.unit = std::max<std::size_t>(1, ss.recv.bytes);
+          copies_.push_back(static_cast<std::uint32_t>(g));
+        } else {
+          if (st.recv_peer < 0) {
+            throw error(errc::invalid_argument,
+                        "schedule bug: step " + std::to_string(i) + " receives from no peer");
+          }
+          ss.recv_slices = std::max<std::size_t>(1, (ss.recv.bytes + slice - 1) / slice);
+          touch(st.recv_peer)->recvs.push_back(static_cast<std::uint32_t>(g));
+          if (st.action == recv_action::reduce) slot_bytes_ = std::max(slot_bytes_, slice);
+        }
+      }
+      if (ss.send_slices + ss.recv_slices > std::numeric_limits<std::uint32_t>::max()) {
+        throw error(errc::invalid_argument, "a step of more than 2^32 slices");
+      }
+      units_left_ += ss.send_slices + ss.recv_slices;
+      hazards_.add(static_cast<std::uint32_t>(g), role::send, ss.send.lo(), ss.send.hi());
+      hazards_.add(static_cast<std::uint32_t>(g), role::write, ss.recv.lo(), ss.recv.hi());
+      hazards_.add(static_cast<std::uint32_t>(g), role::local, ss.local.lo(), ss.local.hi());
+    }
+    scratch_base += (s.scratch_count * j.buffers.elem_size + 63) / 64 * 64;
+  }
+  hazards_.build(nsteps);
+  for (std::size_t i = 0; i < nsteps; ++i) {
+    steps_[i].hazards_begin = hazards_.first[i];
+    steps_[i].hazards_end = hazards_.first[i + 1];
+  }
+
+  // Each peer we receive reduced slices from gets its own staging slots, so that slices from
+  // one peer waiting on their hazards never starve another peer's (whose reduction may be
+  // what clears them). A window's worth for up to two such peers, fewer each beyond that.
+  std::size_t reducing_peers = 0;
+  for (int p : active_) {
+    peer_state& ps = peers_[static_cast<std::size_t>(p)];
+    for (std::uint32_t t : ps.recvs) {
+      if (steps_[t].st->action == recv_action::reduce) {
+        ++reducing_peers;
+        ps.slots = 1;
+        break;
       }
     }
   }
+  const std::size_t per_peer =
+      reducing_peers <= 2 ? opts_.window
+                          : std::max<std::size_t>(2, 2 * opts_.window / reducing_peers);
+  std::size_t base = 0;
+  for (int p : active_) {
+    peer_state& ps = peers_[static_cast<std::size_t>(p)];
+    if (ps.tx.ring.size() != opts_.window) ps.tx.ring.resize(opts_.window);
+    if (ps.rx.ring.size() != opts_.window) ps.rx.ring.resize(opts_.window);
+    if (ps.slots == 0) continue;
+    ps.slots = std::min(per_peer, opts_.window);
+    ps.slot_base = base;
+    base += ps.slots;
+  }
+  staging_.reserve(base * slot_bytes_);
 }
 
-inline bool executor::advance(const schedule& s, const detail::op_fingerprint& fp,
-                              const op_buffers& b) {
+inline bool executor::advance_peer(std::span<const executor_job> jobs, int p) {
+  peer_state& ps = peers_[static_cast<std::size_t>(p)];
   bool moved = false;
 
   // 1. Retire finished sends and receives in posting order; apply reductions as data lands.
-  while (!sends_.empty() && sends_.front().x.done) {
-    ++steps_[sends_.front().step].send_done;
-    sends_.pop_front();
+  while (ps.tx.size > 0 && ps.tx.front().x.done) {
+    ++steps_[ps.tx.front().step].send_done;
+    ps.tx.pop();
+    --units_left_;
     moved = true;
   }
-  while (!recvs_.empty() && recvs_.front().x.done) {
-    inflight& f = recvs_.front();
+  while (ps.rx.size > 0 && ps.rx.front().x.done) {
+    inflight& f = ps.rx.front();
     step_state& ss = steps_[f.step];
-    const step& st = s.steps[f.step];
-    const bool reducing = st.action == recv_action::reduce;
-    if (reducing && !hazards_clear(ss, f.slice)) {
+    const bool reducing = ss.st->action == recv_action::reduce;
+    if (reducing && !(clear(ss, role::write, f.slice) && clear(ss, role::local, f.slice))) {
       if (f.x.lent) {
         // Lent memory must not wait on our hazards: the peer may need that room before it
         // can send what clears them. Take a copy into our own slot and give it back.
-        std::byte* own = staging_.data() + f.slot * slice_;
+        std::byte* own = staging_.data() + f.slot * slot_bytes_;
         std::memcpy(own, f.x.data, f.x.length);
-        transport_.release(st.recv_peer, &f.x);
+        transport_.release(p, &f.x);
         f.x.data = own;
         f.x.lent = false;
       }
       break;
     }
     if (reducing && f.x.length > 0) {
-      const std::size_t off = f.slice * slice_;
+      const op_buffers& b = jobs[ss.job].buffers;
+      const std::size_t off = f.slice * ss.unit;
       b.reduce(ss.recv.ptr + off, ss.local.ptr + off, f.x.data, f.x.length / b.elem_size);
     }
-    if (f.x.lent) transport_.release(st.recv_peer, &f.x);
+    if (f.x.lent) transport_.release(p, &f.x);
+    if (reducing) --ps.slots_used;
     ++ss.recv_done;
-    recvs_.pop_front();
+    ps.rx.pop();
+    --units_left_;
     moved = true;
   }
 
   // 2. Post sends in schedule order while the window has room and the data is ready.
-  while (send_step_ < nsteps_ && sends_.size() < opts_.window) {
-    step_state& ss = steps_[send_step_];
-    const step& st = s.steps[send_step_];
-    if (st.send_peer < 0 || ss.send_posted == ss.send_slices) {
-      ++send_step_;
+  while (ps.send_cur < ps.sends.size() && !ps.tx.full()) {
+    step_state& ss = steps_[ps.sends[ps.send_cur]];
+    if (ss.send_posted == ss.send_slices) {
+      ++ps.send_cur;
       continue;
     }
     const std::size_t k = ss.send_posted;
-    bool ready = true;
-    for (auto t : ss.send_after_writes) ready = ready && written_upto(t, k);
-    if (!ready) break;
-    inflight& f = sends_.emplace_back();
-    const std::size_t len = slice_len(ss.send, k);
-    f.step = static_cast<std::uint32_t>(send_step_);
+    if (!clear(ss, role::send, k)) break;
+    const std::size_t first = k * ss.unit;
+    const std::size_t len = first >= ss.send.bytes ? 0 : std::min(ss.unit, ss.send.bytes - first);
+    inflight& f = ps.tx.push();
+    f.step = ps.sends[ps.send_cur];
     f.slice = k;
-    f.x.data = ss.send.ptr + k * slice_;
+    f.x.data = ss.send.ptr + first;
     f.x.length = len;
-    f.x.header = detail::make_header(fp, f.step, k, static_cast<std::uint32_t>(len));
+    f.x.header = detail::make_header(jobs[ss.job].fp, ss.index, k, static_cast<std::uint32_t>(len),
+                                     ss.st->send_from.count);
     ++ss.send_posted;
-    transport_.post_send(st.send_peer, &f.x);
+    transport_.post_send(p, &f.x);
     moved = true;
   }
 
-  // 3. Post receives (and run local copies) in schedule order.
-  while (recv_step_ < nsteps_ && recvs_.size() < opts_.window) {
-    step_state& ss = steps_[recv_step_];
-    const step& st = s.steps[recv_step_];
-    if (st.action == recv_action::none || ss.recv_posted == ss.recv_slices) {
-      ++recv_step_;
-      continue;
-    }
-    if (st.action == recv_action::copy) {
-      // A copy moves its whole region at once, so every hazard must be wholly done; earlier
-      // receives may still write our source. (Cheap test first: this runs on every spin.)
-      if (!recvs_.empty() || !hazards_clear(ss, whole_step)) break;
-      if (ss.recv.bytes > 0 && ss.recv.ptr != ss.local.ptr) {
-        std::memmove(ss.recv.ptr, ss.local.ptr, ss.recv.bytes);
-      }
-      ss.recv_posted = ss.recv_done = 1;
-      moved = true;
+  // 3. Post receives in schedule order. A storing receive writes its destination as bytes
+  //    arrive, so its hazards must be clear before it is posted. A reducing one lands in
+  //    staging and checks them when it applies (step 1): were it posted only after this
+  //    step's own send of the slice went out, two ranks exchanging slices larger than their
+  //    socket buffers would wait on each other.
+  while (ps.recv_cur < ps.recvs.size() && !ps.rx.full()) {
+    step_state& ss = steps_[ps.recvs[ps.recv_cur]];
+    if (ss.recv_posted == ss.recv_slices) {
+      ++ps.recv_cur;
       continue;
     }
     const std::size_t k = ss.recv_posted;
-    // A storing receive writes its destination as bytes arrive, so its hazards must be clear
-    // before it is posted. A reducing one lands in staging and checks them when it applies
-    // (step 1): were it posted only after this step's own send of the slice went out, two
-    // ranks exchanging slices larger than their socket buffers would wait on each other.
-    if (st.action == recv_action::store && !hazards_clear(ss, k)) break;
-    inflight& f = recvs_.emplace_back();
-    const std::size_t len = slice_len(ss.recv, k);
-    f.step = static_cast<std::uint32_t>(recv_step_);
+    const bool reducing = ss.st->action == recv_action::reduce;
+    if (reducing ? ps.slots_used == ps.slots : !clear(ss, role::write, k)) break;
+    const std::size_t first = k * ss.unit;
+    const std::size_t len = first >= ss.recv.bytes ? 0 : std::min(ss.unit, ss.recv.bytes - first);
+    inflight& f = ps.rx.push();
+    f.step = ps.recvs[ps.recv_cur];
     f.slice = k;
     f.x.length = len;
-    if (st.action == recv_action::reduce) {
-      f.slot = next_slot_++ % opts_.window;  // FIFO retirement frees slots in this order
-      f.x.data = staging_.data() + f.slot * slice_;
+    if (reducing) {
+      // FIFO retirement frees a peer's slots in the order they were taken.
+      f.slot = ps.slot_base + ps.next_slot++ % ps.slots;
+      ++ps.slots_used;
+      f.x.data = staging_.data() + f.slot * slot_bytes_;
       f.x.lendable = true;
     } else {
-      f.x.data = ss.recv.ptr + k * slice_;
+      f.x.data = ss.recv.ptr + first;
     }
-    f.x.header = detail::make_header(fp, f.step, k, static_cast<std::uint32_t>(len));
+    f.x.header = detail::make_header(jobs[ss.job].fp, ss.index, k, static_cast<std::uint32_t>(len),
+                                     ss.st->recv_into.count);
     ++ss.recv_posted;
-    transport_.post_recv(st.recv_peer, &f.x);
+    transport_.post_recv(p, &f.x);
     moved = true;
   }
   return moved;
 }
 
-inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
-                          const op_buffers& b, clock::time_point deadline,
-                          std::chrono::milliseconds timeout) {
-  // Cut the largest region into at least 4 slices so consecutive steps overlap, but keep
-  // slices large enough (>= 64 KiB) that per-frame costs stay small.
-  std::size_t largest = 0;
-  for (const step& st : s.steps) {
-    largest = std::max({largest, st.send_from.count, st.recv_into.count});
+inline bool executor::run_copies() {
+  bool moved = false;
+  // A copy moves its whole region at once, so every hazard must be wholly done.
+  while (copy_cur_ < copies_.size()) {
+    step_state& ss = steps_[copies_[copy_cur_]];
+    if (!clear(ss, role::write, whole) || !clear(ss, role::local, whole)) break;
+    if (ss.recv.bytes > 0 && ss.recv.ptr != ss.local.ptr) {
+      std::memmove(ss.recv.ptr, ss.local.ptr, ss.recv.bytes);
+    }
+    ss.recv_posted = ss.recv_done = 1;
+    ++copy_cur_;
+    --units_left_;
+    moved = true;
   }
-  const std::size_t wanted =
-      std::min({std::max<std::size_t>(largest * b.elem_size / 4, 64 * 1024), opts_.slice_bytes,
-                transport_.max_slice_bytes()});
-  slice_ = std::max<std::size_t>(1, wanted / b.elem_size) * b.elem_size;
-  staging_.reserve(opts_.window * slice_);
-  scratch_.reserve(s.scratch_count * b.elem_size);
-  nsteps_ = s.steps.size();
-  plan(s, b);
-  sends_.clear();
-  recvs_.clear();
-  send_step_ = recv_step_ = 0;
-  next_slot_ = 0;
+  return moved;
+}
 
-  // Both cursors pass a step only once all its slices are posted (copies run on the spot),
-  // and nothing posted is left in flight: then every step is done. O(1) per loop turn,
-  // where scanning the steps would cost O(P) on every spin.
-  auto finished = [&] {
-    return sends_.empty() && recvs_.empty() && send_step_ == nsteps_ && recv_step_ == nsteps_;
-  };
+inline bool executor::advance(std::span<const executor_job> jobs) {
+  bool moved = run_copies();
+  for (int p : active_) moved = advance_peer(jobs, p) || moved;
+  return moved;
+}
+
+inline void executor::run(std::span<const executor_job> jobs, clock::time_point deadline,
+                          std::chrono::milliseconds timeout) {
+  plan(jobs);
   try {
     // Reading the clock costs as much as a poll of shared memory on some VMs, so an idle
     // loop reads it only every 16 turns; the spin starts at the first read after a move.
@@ -368,8 +485,8 @@ inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
     bool idle = false;
     unsigned idle_turns = 0;
     for (;;) {
-      bool moved = advance(s, fp, b);
-      if (finished()) return;
+      bool moved = advance(jobs);
+      if (units_left_ == 0) return;
       moved = transport_.progress() || moved;
       if (moved) {
         idle = false;
@@ -378,7 +495,7 @@ inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
       }
       if (++idle_turns % 16 != 0 && opts_.spin.count() > 0) continue;
       const auto now = clock::now();
-      if (now >= deadline) fail_timeout(s, fp, timeout);
+      if (now >= deadline) fail_timeout(jobs, timeout);
       if (!idle) {
         idle = true;
         idle_since = now;
@@ -388,38 +505,51 @@ inline void executor::run(const schedule& s, const detail::op_fingerprint& fp,
       if (now - idle_since >= opts_.spin) transport_.wait(deadline);
     }
   } catch (const error& e) {
-    // Transfers point into sends_/recvs_: drop them only after the transport forgot them,
-    // which the communicator guarantees by never using a failed transport again.
+    // Transfers point into the peers' fifos: they are reset only by the next plan(), after
+    // the transport forgot them, which the communicator guarantees by never using a failed
+    // transport again.
     if (e.op()) throw;
+    // Name the operation: the one that talks to the failing peer, else the first.
+    const executor_job* j = &jobs.front();
+    for (int r : e.ranks()) {
+      if (r < 0 || static_cast<std::size_t>(r) >= peers_.size()) continue;
+      const peer_state& ps = peers_[static_cast<std::size_t>(r)];
+      if (ps.rx.size > 0) j = &jobs[steps_[ps.rx.ring[ps.rx.head].step].job];
+      else if (ps.tx.size > 0) j = &jobs[steps_[ps.tx.ring[ps.tx.head].step].job];
+      break;
+    }
     throw error(e.code(),
-                std::string(e.what()).substr(8) + " (op " + std::to_string(fp.op_seq) + ", " +
-                    std::string(to_string(fp.kind)) + ")",
-                e.ranks(), fp.op_seq, std::string(to_string(fp.kind)));
+                std::string(e.what()).substr(8) + " (op " + std::to_string(j->fp.op_seq) + ", " +
+                    std::string(to_string(j->fp.kind)) + ")",
+                e.ranks(), j->fp.op_seq, std::string(to_string(j->fp.kind)));
   }
 }
 
-inline void executor::fail_timeout(const schedule& s, const detail::op_fingerprint& fp,
-                                   std::chrono::milliseconds timeout) const {
-  std::string what;
+inline void executor::fail_timeout(std::span<const executor_job> jobs,
+                                   std::chrono::milliseconds timeout) {
+  std::string what = "operation";
   std::vector<int> ranks;
-  if (!recvs_.empty()) {
-    const int peer = s.steps[recvs_.front().step].recv_peer;
-    what = "recv from rank " + std::to_string(peer);
-    ranks.push_back(peer);
-  } else if (!sends_.empty()) {
-    const int peer = s.steps[sends_.front().step].send_peer;
-    what = "send to rank " + std::to_string(peer);
-    ranks.push_back(peer);
-  } else {
-    what = "operation";
+  const executor_job* j = &jobs.front();
+  // The oldest receive still waiting names the peer we wait for; else the oldest send.
+  for (bool receiving : {true, false}) {
+    for (int p : active_) {
+      const fifo& q = receiving ? peers_[static_cast<std::size_t>(p)].rx
+                                : peers_[static_cast<std::size_t>(p)].tx;
+      if (q.size == 0) continue;
+      what = (receiving ? "recv from rank " : "send to rank ") + std::to_string(p);
+      ranks.push_back(p);
+      j = &jobs[steps_[q.ring[q.head].step].job];
+      break;
+    }
+    if (!ranks.empty()) break;
   }
   const double secs = static_cast<double>(timeout.count()) / 1000.0;
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", secs);
   throw error(errc::timeout,
-              what + " (op " + std::to_string(fp.op_seq) + ", " + std::string(to_string(fp.kind)) +
-                  ") timed out after " + buf + " s",
-              ranks, fp.op_seq, std::string(to_string(fp.kind)));
+              what + " (op " + std::to_string(j->fp.op_seq) + ", " +
+                  std::string(to_string(j->fp.kind)) + ") timed out after " + buf + " s",
+              ranks, j->fp.op_seq, std::string(to_string(j->fp.kind)));
 }
 
 }  // namespace chorus
