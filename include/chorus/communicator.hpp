@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -16,6 +17,7 @@
 #include "chorus/collectives.hpp"
 #include "chorus/concepts.hpp"
 #include "chorus/executor/executor.hpp"
+#include "chorus/tuner/tuner.hpp"
 #include "chorus/types.hpp"
 
 namespace chorus {
@@ -27,13 +29,12 @@ struct communicator_options {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   /// CHORUS_BOOTSTRAP_TIMEOUT (seconds): rendezvous and connection set-up.
   std::chrono::milliseconds bootstrap_timeout{std::chrono::seconds(120)};
-  /// CHORUS_ALGO: "auto", "ring", "rd" (all_reduce only; the others then use ring) or
-  /// "hierarchical"; applies where a call leaves algorithm automatic. Automatic: all_reduce
-  /// uses rd up to rd_max_bytes; beyond that, and for the other collectives, hierarchical when
-  /// the job has several nodes of several ranks, else ring.
-  algo algorithm = algo::automatic;
-  /// CHORUS_RD_MAX_BYTES: automatic all_reduce uses recursive doubling up to this size.
-  std::size_t rd_max_bytes = 32 * 1024;
+  /// CHORUS_ALGO: the algorithm of each collective where a call leaves it automatic (see
+  /// parse_algo_table: "ring", or "allreduce:tree;allgather:bruck"); automatic entries are
+  /// the tuner's to choose.
+  algo_table algorithms{};
+  /// How the tuner chooses (CHORUS_TUNER, CHORUS_TUNING_FILE; see tuner.hpp).
+  tuner_options tuning{};
   /// CHORUS_SPIN_US: how long a wait polls before it sleeps. Unset: 50 µs, or 0 when this
   /// node runs more ranks than it has cores (a spinning rank then steals a peer's core).
   std::optional<std::chrono::microseconds> spin;
@@ -44,6 +45,11 @@ struct communicator_options {
 
 /// A communicator owns this rank's connections, a progress engine that completes
 /// operations in issue order, and staging memory allocated once.
+///
+/// Every collective is a call every rank of the communicator makes, in the same order, with
+/// matching arguments (count, dtype, op, root); a mismatch is errc::mismatch on the ranks
+/// involved, never a hang. Buffers of an `_async` call must stay valid and untouched until
+/// its request completes.
 ///
 /// **Example**:
 ///   #include <chorus/chorus.hpp>
@@ -61,7 +67,7 @@ class communicator {
 
   /// Joins a communicator given who we are, over a store we already have.
   template <class T>
-  static communicator create(const launch_info& info, std::shared_ptr<tcp_store> store,
+  static communicator create(const launch_info& info, std::shared_ptr<store> st,
                              communicator_options opts = communicator_options::from_env());
 
   communicator(communicator&&) noexcept;
@@ -82,6 +88,8 @@ class communicator {
   std::string transport_name() const;
   /// One line on how data moves, e.g. "tcp conns 4 via 127.0.0.1, slice 512 KiB, window 8".
   std::string describe() const;
+  /// The tuner of this communicator: its measured costs and the algorithm it picks.
+  const chorus::tuner& tuner() const noexcept;
 
   // --- all_reduce: every rank ends with the element-wise reduction of all ranks' data ------
 
@@ -131,6 +139,151 @@ class communicator {
     return all_gather_async(in.data(), out.data(), in.size(), dtype_of<T>, o);
   }
 
+  // --- broadcast: every rank ends with root's data ----------------------------------------
+
+  /// **Example**: `comm.broadcast(std::span(weights), 0);  // rank 0's weights everywhere`
+  template <class T>
+  void broadcast(std::span<T> data, int root, broadcast_options o = {}) {
+    broadcast(data.data(), data.data(), data.size(), dtype_of<T>, root, o);
+  }
+  template <class T>
+  request broadcast_async(std::span<T> data, int root, broadcast_options o = {}) {
+    return broadcast_async(data.data(), data.data(), data.size(), dtype_of<T>, root, o);
+  }
+
+  // --- reduce: root ends with the reduction; the others' data is left as it was -----------
+
+  /// `out` is used on `root` only (it may be empty elsewhere); in place when it is `in`.
+  template <class T>
+  void reduce(std::span<const T> in, std::span<T> out, int root, reduce_options o = {}) {
+    if (rank() == root) check_sizes("reduce", in.size(), out.size(), 1);
+    reduce(in.data(), rank() == root ? out.data() : nullptr, in.size(), dtype_of<T>, root, o);
+  }
+  template <class T>
+  void reduce(std::span<T> data, int root, reduce_options o = {}) {
+    reduce(data.data(), data.data(), data.size(), dtype_of<T>, root, o);
+  }
+  template <class T>
+  request reduce_async(std::span<const T> in, std::span<T> out, int root, reduce_options o = {}) {
+    if (rank() == root) check_sizes("reduce", in.size(), out.size(), 1);
+    return reduce_async(in.data(), rank() == root ? out.data() : nullptr, in.size(), dtype_of<T>,
+                        root, o);
+  }
+
+  // --- all_to_all: block j of in goes to rank j; block i of out comes from rank i ---------
+
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out, all_to_all_options o = {}) {
+    all_to_all(in.data(), out.data(), block_of("all_to_all", in.size(), out.size()), dtype_of<T>, o);
+  }
+  template <class T>
+  request all_to_all_async(std::span<const T> in, std::span<T> out, all_to_all_options o = {}) {
+    return all_to_all_async(in.data(), out.data(), block_of("all_to_all", in.size(), out.size()),
+                            dtype_of<T>, o);
+  }
+
+  /// Blocks of different sizes: send_counts[j] elements of `in` (consecutive, in rank order)
+  /// go to rank j, recv_counts[i] elements of `out` come from rank i; every rank's
+  /// send_counts[j] must equal rank j's recv_counts[i] for i = this rank (errc::mismatch
+  /// otherwise).
+  template <class T>
+  void all_to_allv(std::span<const T> in, std::span<const std::size_t> send_counts,
+                   std::span<T> out, std::span<const std::size_t> recv_counts,
+                   all_to_all_options o = {}) {
+    check_counts(in.size(), send_counts, out.size(), recv_counts);
+    all_to_allv(in.data(), send_counts, out.data(), recv_counts, dtype_of<T>, o);
+  }
+  template <class T>
+  request all_to_allv_async(std::span<const T> in, std::span<const std::size_t> send_counts,
+                            std::span<T> out, std::span<const std::size_t> recv_counts,
+                            all_to_all_options o = {}) {
+    check_counts(in.size(), send_counts, out.size(), recv_counts);
+    return all_to_allv_async(in.data(), send_counts, out.data(), recv_counts, dtype_of<T>, o);
+  }
+
+  // --- gather / scatter: one block per rank, to or from root ------------------------------
+
+  /// `out` (size() blocks of in.size()) is used on `root` only.
+  template <class T>
+  void gather(std::span<const T> in, std::span<T> out, int root, gather_options o = {}) {
+    if (rank() == root) check_sizes("gather", in.size(), out.size(), size());
+    gather(in.data(), rank() == root ? out.data() : nullptr, in.size(), dtype_of<T>, root, o);
+  }
+  template <class T>
+  request gather_async(std::span<const T> in, std::span<T> out, int root, gather_options o = {}) {
+    if (rank() == root) check_sizes("gather", in.size(), out.size(), size());
+    return gather_async(in.data(), rank() == root ? out.data() : nullptr, in.size(), dtype_of<T>,
+                        root, o);
+  }
+  /// `in` (size() blocks of out.size()) is used on `root` only.
+  template <class T>
+  void scatter(std::span<const T> in, std::span<T> out, int root, scatter_options o = {}) {
+    if (rank() == root) check_sizes("scatter", out.size(), in.size(), size());
+    scatter(rank() == root ? in.data() : nullptr, out.data(), out.size(), dtype_of<T>, root, o);
+  }
+  template <class T>
+  request scatter_async(std::span<const T> in, std::span<T> out, int root, scatter_options o = {}) {
+    if (rank() == root) check_sizes("scatter", out.size(), in.size(), size());
+    return scatter_async(rank() == root ? in.data() : nullptr, out.data(), out.size(), dtype_of<T>,
+                         root, o);
+  }
+
+  // --- point to point (pipeline parallelism) ----------------------------------------------
+
+  /// Sends `data` to `peer`, which receives it with recv(). Between one pair of ranks,
+  /// messages match in the order each side issues them, and the tags must agree. These are
+  /// operations of this rank and its peer only; the other ranks do not call them.
+  ///
+  /// **Example** (stage s of a pipeline):
+  ///   comm.recv(std::span(activations), s - 1);
+  ///   forward(activations, out);
+  ///   auto r = comm.send_async(std::span<const float>(out), s + 1);
+  template <class T>
+  void send(std::span<const T> data, int peer, p2p_options o = {}) {
+    send(data.data(), data.size(), dtype_of<T>, peer, o);
+  }
+  template <class T>
+  request send_async(std::span<const T> data, int peer, p2p_options o = {}) {
+    return send_async(data.data(), data.size(), dtype_of<T>, peer, o);
+  }
+  template <class T>
+  void recv(std::span<T> data, int peer, p2p_options o = {}) {
+    recv(data.data(), data.size(), dtype_of<T>, peer, o);
+  }
+  template <class T>
+  request recv_async(std::span<T> data, int peer, p2p_options o = {}) {
+    return recv_async(data.data(), data.size(), dtype_of<T>, peer, o);
+  }
+
+  // --- groups: operations that progress together and complete together -------------------
+
+  /// Between group_start() and group_end(), `_async` calls are collected instead of started
+  /// (a blocking call there is errc::invalid_argument); group_end() starts them as one
+  /// operation in which they all progress at once, and every request they returned, like
+  /// the one group_end() returns, completes when all of them have. Inside a group the
+  /// collectives run first, in issue order, then the sends and receives, so that two ranks
+  /// that issued one collective and some point-to-point calls in different orders still
+  /// match. One thread builds a group.
+  ///
+  /// **Example** (a ring exchange that cannot deadlock, however large the messages):
+  ///   comm.group_start();
+  ///   comm.send_async(std::span<const float>(mine), (comm.rank() + 1) % comm.size());
+  ///   comm.recv_async(std::span(theirs), (comm.rank() + comm.size() - 1) % comm.size());
+  ///   comm.group_end().wait();
+  void group_start();
+  request group_end();
+
+  // --- sub-communicators ------------------------------------------------------------------
+
+  /// Splits this communicator as MPI_Comm_split does: every rank calls it; ranks passing the
+  /// same `color` form a new communicator, ranked by (`key`, rank here). A negative color
+  /// joins none (returns nothing). The new communicators have their own connections and
+  /// progress engines, so they run concurrently with this one and with each other (the
+  /// data, tensor and pipeline groups of 3D parallelism).
+  ///
+  /// **Example**: `auto tp = comm.split(comm.rank() / 4, comm.rank());  // groups of 4`
+  std::optional<communicator> split(int color, int key);
+
   // --- type-erased forms (counts in elements) ---------------------------------------------
 
   void all_reduce(const void* in, void* out, std::size_t count, dtype t, all_reduce_options o = {});
@@ -144,34 +297,74 @@ class communicator {
                   all_gather_options o = {});
   request all_gather_async(const void* in, void* out, std::size_t send_count, dtype t,
                            all_gather_options o = {});
+  /// `in` is read on root only (it may be null elsewhere); in place when in == out.
+  void broadcast(const void* in, void* out, std::size_t count, dtype t, int root,
+                 broadcast_options o = {});
+  request broadcast_async(const void* in, void* out, std::size_t count, dtype t, int root,
+                          broadcast_options o = {});
+  /// `out` is written on root only (it may be null elsewhere).
+  void reduce(const void* in, void* out, std::size_t count, dtype t, int root,
+              reduce_options o = {});
+  request reduce_async(const void* in, void* out, std::size_t count, dtype t, int root,
+                       reduce_options o = {});
+  /// `in` and `out` hold size() blocks of `block` elements.
+  void all_to_all(const void* in, void* out, std::size_t block, dtype t, all_to_all_options o = {});
+  request all_to_all_async(const void* in, void* out, std::size_t block, dtype t,
+                           all_to_all_options o = {});
+  void all_to_allv(const void* in, std::span<const std::size_t> send_counts, void* out,
+                   std::span<const std::size_t> recv_counts, dtype t, all_to_all_options o = {});
+  request all_to_allv_async(const void* in, std::span<const std::size_t> send_counts, void* out,
+                            std::span<const std::size_t> recv_counts, dtype t,
+                            all_to_all_options o = {});
+  void gather(const void* in, void* out, std::size_t block, dtype t, int root,
+              gather_options o = {});
+  request gather_async(const void* in, void* out, std::size_t block, dtype t, int root,
+                       gather_options o = {});
+  void scatter(const void* in, void* out, std::size_t block, dtype t, int root,
+               scatter_options o = {});
+  request scatter_async(const void* in, void* out, std::size_t block, dtype t, int root,
+                        scatter_options o = {});
+  void send(const void* data, std::size_t count, dtype t, int peer, p2p_options o = {});
+  request send_async(const void* data, std::size_t count, dtype t, int peer, p2p_options o = {});
+  void recv(void* data, std::size_t count, dtype t, int peer, p2p_options o = {});
+  request recv_async(void* data, std::size_t count, dtype t, int peer, p2p_options o = {});
 
   /// Returns once every rank has called barrier().
   void barrier();
+  request barrier_async();
 
   struct impl;
 
  private:
+  /// Makes a communicator over the transport its factory connects (split() makes children
+  /// with the parent's factory, so they use the same kind of transport).
+  using transport_factory =
+      std::function<std::unique_ptr<detail::any_transport>(store&, const launch_info&, const topology&)>;
+
   explicit communicator(std::unique_ptr<impl> p);
-  static communicator make(const launch_info& info, topology topo,
-                           std::shared_ptr<tcp_store> store,
-                           std::unique_ptr<detail::any_transport> t, communicator_options opts);
+  static communicator make(const launch_info& info, std::shared_ptr<store> st,
+                           transport_factory factory, communicator_options opts);
   static void check_sizes(const char* call, std::size_t small, std::size_t big, int factor);
+  std::size_t block_of(const char* call, std::size_t in, std::size_t out) const;
+  void check_counts(std::size_t in, std::span<const std::size_t> send_counts, std::size_t out,
+                    std::span<const std::size_t> recv_counts) const;
 
   std::unique_ptr<impl> p_;
 };
 
 template <class T>
-communicator communicator::create(const launch_info& info, std::shared_ptr<tcp_store> store,
+communicator communicator::create(const launch_info& info, std::shared_ptr<store> st,
                                   communicator_options opts) {
   static_assert(transport<T>, "chorus: T does not satisfy chorus::transport (see concepts.hpp)");
-  topology topo = discover_topology(*store, info);
-  std::unique_ptr<detail::any_transport> t;
-  if constexpr (requires { T::connect(*store, info, topo); }) {
-    t = std::make_unique<detail::transport_model<T>>(T::connect(*store, info, topo));
-  } else {
-    t = std::make_unique<detail::transport_model<T>>(T::connect(*store, info));
-  }
-  return make(info, std::move(topo), std::move(store), std::move(t), opts);
+  transport_factory factory = [](store& s, const launch_info& i,
+                                 const topology& topo) -> std::unique_ptr<detail::any_transport> {
+    if constexpr (requires { T::connect(s, i, topo); }) {
+      return std::make_unique<detail::transport_model<T>>(T::connect(s, i, topo));
+    } else {
+      return std::make_unique<detail::transport_model<T>>(T::connect(s, i));
+    }
+  };
+  return make(info, std::move(st), std::move(factory), opts);
 }
 
 template <class T>
@@ -179,8 +372,8 @@ communicator communicator::from_env(communicator_options opts) {
   const launch_info info = launch_info_from_env();
   store_options so;
   so.timeout = opts.bootstrap_timeout;
-  auto store = std::make_shared<tcp_store>(tcp_store::connect(info, so));
-  return create<T>(info, std::move(store), opts);
+  auto st = std::make_shared<tcp_store>(tcp_store::connect(info, so));
+  return create<T>(info, std::move(st), opts);
 }
 
 }  // namespace chorus

@@ -35,6 +35,38 @@ struct store_options {
   std::optional<job_secret> secret = std::nullopt;
 };
 
+/// What ranks use to meet before their transports exist: a key-value store shared by the
+/// ranks of one communicator. tcp_store is the job's; split() hands a sub-communicator a
+/// view of it (detail/group_store.hpp) whose keys live under the group's own prefix.
+/// Transports and the topology discovery take this interface.
+///
+/// Contract (tcp_store's comment below gives the details and the errors):
+///  1. get() waits until some rank set the key, up to the store's timeout.
+///  2. all_gather() and barrier() are rounds among all size() ranks; the same key may be
+///     used again for a new round when every rank makes the same sequence of calls.
+///  3. Every wait ends with chorus::error naming the store's address and, where it can, the
+///     ranks that never arrived.
+///  4. secret() and job_id() are the job's, for the transports' handshakes.
+class store {
+ public:
+  virtual ~store() = default;
+  /// Stores `value` under `key`, replacing any earlier value.
+  virtual void set(std::string_view key, std::span<const std::byte> value) = 0;
+  /// The value under `key`, waiting for some rank to set it.
+  virtual std::vector<std::byte> get(std::string_view key) = 0;
+  /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
+  virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
+  /// Every rank passes its own `mine`; returns every rank's value, indexed by rank.
+  virtual std::vector<std::vector<std::byte>> all_gather(std::string_view key,
+                                                         std::span<const std::byte> mine) = 0;
+  /// Returns once every rank has called barrier with `key`.
+  virtual void barrier(std::string_view key) = 0;
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  virtual const job_secret& secret() const noexcept = 0;
+  virtual const std::array<std::byte, 16>& job_id() const noexcept = 0;
+};
+
 /// A key-value store every rank of a job shares, hosted by rank 0. Used to exchange
 /// transport addresses and to agree before the transports exist.
 ///
@@ -70,7 +102,7 @@ struct store_options {
 ///   auto store = chorus::tcp_store::connect(chorus::launch_info_from_env());
 ///   auto addrs = store.all_gather("tcp/addr", as_bytes(my_address));  // addrs[r]: rank r's
 ///   store.barrier("ready");
-class tcp_store {
+class tcp_store final : public store {
  public:
   /// Connects `info.rank` to the store at info.master_addr:info.master_port; rank 0 starts
   /// the server first, on every address master_addr resolves to (which must be local to it).
@@ -79,31 +111,31 @@ class tcp_store {
   [[nodiscard]] static tcp_store connect(const launch_info& info, store_options options = {});
 
   /// Stores `value` under `key`, replacing any earlier value.
-  void set(std::string_view key, std::span<const std::byte> value);
+  void set(std::string_view key, std::span<const std::byte> value) override;
   /// The value under `key`, waiting for some rank to set it.
-  std::vector<std::byte> get(std::string_view key);
+  std::vector<std::byte> get(std::string_view key) override;
   /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
   /// errc::invalid_argument when the key holds something other than a counter.
-  std::int64_t add(std::string_view key, std::int64_t delta);
+  std::int64_t add(std::string_view key, std::int64_t delta) override;
   /// Every rank passes its own `mine`; returns every rank's value, indexed by rank.
   std::vector<std::vector<std::byte>> all_gather(std::string_view key,
-                                                 std::span<const std::byte> mine);
+                                                 std::span<const std::byte> mine) override;
   /// Returns once every rank has called barrier with `key`.
-  void barrier(std::string_view key);
+  void barrier(std::string_view key) override;
 
-  int rank() const noexcept;
-  int size() const noexcept;
+  int rank() const noexcept override;
+  int size() const noexcept override;
   /// The job's secret, for the transports' own handshakes.
-  const job_secret& secret() const noexcept;
+  const job_secret& secret() const noexcept override;
   /// The random id rank 0's store minted for this job and vouched for in the handshake;
   /// transports bind their handshakes to it. Not secret.
-  const std::array<std::byte, 16>& job_id() const noexcept;
+  const std::array<std::byte, 16>& job_id() const noexcept override;
 
   tcp_store(tcp_store&&) noexcept;
   tcp_store& operator=(tcp_store&&) noexcept;
   tcp_store(const tcp_store&) = delete;
   tcp_store& operator=(const tcp_store&) = delete;
-  ~tcp_store();
+  ~tcp_store() override;
 
  private:
   struct state;

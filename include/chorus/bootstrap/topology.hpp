@@ -19,7 +19,7 @@ std::string node_id_from_env();
 /// **Example**:
 ///   chorus::topology topo = chorus::discover_topology(store, info);
 ///   if (topo.nodes() > 1) { /* hierarchical algorithms pay off */ }
-topology discover_topology(tcp_store& store, const launch_info& info);
+topology discover_topology(store& store, const launch_info& info);
 
 }  // namespace chorus
 

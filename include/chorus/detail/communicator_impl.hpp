@@ -2,16 +2,20 @@
 // The machinery behind chorus::communicator: validation, algorithm choice, progress engine.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <optional>
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 
+#include "chorus/bootstrap/detail/group_store.hpp"
 #include "chorus/communicator.hpp"
+#include "chorus/detail/op_desc.hpp"
 #include "chorus/reduce/reduce.hpp"
 #include "chorus/schedule/build.hpp"
 
@@ -22,15 +26,9 @@ inline communicator_options communicator_options::from_env() {
   o.timeout = env_seconds("CHORUS_TIMEOUT", o.timeout);
   o.bootstrap_timeout = env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", o.bootstrap_timeout);
   if (const char* a = std::getenv("CHORUS_ALGO"); a != nullptr && *a != '\0') {
-    const auto parsed = parse_algo(a);
-    if (!parsed) {
-      throw error(errc::invalid_argument, std::string("CHORUS_ALGO='") + a +
-                                              "' is not an algorithm (use auto, ring, rd or hierarchical)");
-    }
-    o.algorithm = *parsed;
+    o.algorithms = parse_algo_table(a);
   }
-  o.rd_max_bytes = static_cast<std::size_t>(
-      env_int("CHORUS_RD_MAX_BYTES", static_cast<int>(o.rd_max_bytes), 0, 1 << 30));
+  o.tuning = tuner_options::from_env();
   o.exec.slice_bytes = static_cast<std::size_t>(
       env_int("CHORUS_SLICE_BYTES", static_cast<int>(o.exec.slice_bytes), 4096, 64 << 20));
   o.exec.window = static_cast<std::size_t>(
@@ -41,30 +39,22 @@ inline communicator_options communicator_options::from_env() {
   return o;
 }
 
-namespace detail {
-
-/// One collective call, type-erased, as the progress engine queues it.
-struct op_desc {
-  collective kind = collective::all_reduce;
-  const void* in = nullptr;
-  void* out = nullptr;
-  std::size_t count = 0;  // all_reduce: elements; reduce_scatter: per-rank block; all_gather: per rank
-  dtype type = dtype::float32;
-  reduce_op op = reduce_op::sum;
-  algo algorithm = algo::automatic;
-  std::uint64_t seq = 0;
-  std::shared_ptr<op_state> state = nullptr;  ///< made for queued operations only (see submit)
-};
-
-}  // namespace detail
-
 struct communicator::impl {
   launch_info info;
   topology topo;
-  std::shared_ptr<tcp_store> store;
+  std::shared_ptr<store> st;  // this communicator's view (split() groups: a group_store)
+  transport_factory factory;
   std::unique_ptr<detail::any_transport> transport;
   communicator_options opts;
   executor exec;
+  chorus::tuner tune;
+
+  // Where split() children find the job's store: the root store, one lock for every view of
+  // it, and this communicator's key prefix ("" for the job's own communicator).
+  std::shared_ptr<store> root_store;
+  std::shared_ptr<std::mutex> store_lock = std::make_shared<std::mutex>();
+  std::string prefix;
+  std::uint64_t splits = 0;
 
   // Progress engine. Lock order: m, then nothing (execution happens outside m).
   std::mutex m;
@@ -72,18 +62,28 @@ struct communicator::impl {
   std::deque<detail::op_desc> queue;
   bool busy = false;  // an operation is executing (inline or on the worker)
   bool stopping = false;
-  std::uint64_t next_seq = 0;
+  std::uint64_t next_seq = 0;                     // collectives
+  std::vector<std::uint64_t> sent_to, recv_from;  // send_recv, per peer and direction
   std::thread worker;
   std::exception_ptr broken;  // the first failure: later operations fail with it
 
-  impl(const launch_info& i, topology tp, std::shared_ptr<tcp_store> s,
+  // An open group (group_start() without its group_end()); depth counts nesting.
+  int group_depth = 0;
+  std::vector<detail::op_desc> group_members;
+  std::shared_ptr<detail::op_state> group_state;
+
+  impl(const launch_info& i, topology tp, std::shared_ptr<store> s, transport_factory f,
        std::unique_ptr<detail::any_transport> t, communicator_options o)
       : info(i),
         topo(std::move(tp)),
-        store(std::move(s)),
+        st(std::move(s)),
+        factory(std::move(f)),
         transport(std::move(t)),
         opts(resolve(o, std::max(i.local_size, topo.local_size()))),
-        exec(*transport, opts.exec) {}
+        exec(*transport, opts.exec),
+        tune(topo, opts.tuning),
+        sent_to(static_cast<std::size_t>(i.size), 0),
+        recv_from(static_cast<std::size_t>(i.size), 0) {}
 
   static communicator_options resolve(communicator_options o, int ranks_here) {
     const auto cores = std::max(1u, std::thread::hardware_concurrency());
@@ -127,121 +127,137 @@ struct communicator::impl {
     return eptr;
   }
 
-  /// Schedules are pure functions of (kind, algorithm, count) for a communicator, and
+  schedule build(const detail::op_desc& d) const {
+    return build_schedule(topo, {.kind = d.kind,
+                                 .algorithm = d.algorithm,
+                                 .count = d.count,
+                                 .root = d.root,
+                                 .send_counts = d.send_counts,
+                                 .recv_counts = d.recv_counts,
+                                 .sending = d.sending});
+  }
+
+  /// Schedules are pure functions of (kind, algorithm, count, root) for a communicator, and
   /// training loops repeat the same few calls: keep the last few instead of rebuilding.
   struct cached_schedule {
     collective kind;
     algo algorithm;
     std::size_t count;
+    int root;
+    bool sending;
     schedule s;
   };
-  std::array<std::optional<cached_schedule>, 4> schedules;
+  std::array<std::optional<cached_schedule>, 8> schedules;
   std::size_t next_schedule = 0;
+  schedule uncached;  // all_to_allv: its counts are the key, so it is rebuilt each time
 
   const schedule& schedule_for(const detail::op_desc& d) {
+    if (d.kind == collective::all_to_allv) return uncached = build(d);
     for (const auto& c : schedules) {
-      if (c && c->kind == d.kind && c->algorithm == d.algorithm && c->count == d.count) return c->s;
+      if (c && c->kind == d.kind && c->algorithm == d.algorithm && c->count == d.count &&
+          c->root == d.root && c->sending == d.sending) {
+        return c->s;
+      }
     }
-    schedule s = build_schedule(topo, {.kind = d.kind, .algorithm = d.algorithm, .count = d.count});
     auto& slot = schedules[next_schedule++ % schedules.size()];
-    slot = cached_schedule{d.kind, d.algorithm, d.count, std::move(s)};
+    slot = cached_schedule{d.kind, d.algorithm, d.count, d.root, d.sending, build(d)};
     return slot->s;
   }
 
+  /// The executor's view of `d`: buffers, reduce function and the fingerprint its frames carry.
+  executor_job job_for(const detail::op_desc& d, const schedule& s) const {
+    const std::size_t es = size_of(d.type);
+    const auto n = static_cast<std::size_t>(info.size);
+    const detail::buffer_sizes sz = detail::buffer_sizes_of(d, info.rank, info.size);
+    executor_job j;
+    j.sched = &s;
+    j.buffers.input = static_cast<const std::byte*>(d.in);
+    j.buffers.output = static_cast<std::byte*>(d.out);
+    j.buffers.input_bytes = sz.in * es;
+    j.buffers.output_bytes = sz.out * es;
+    j.buffers.elem_size = es;
+    j.buffers.reduce = reduce_function(d.type, d.op);
+    (void)n;
+    j.fp = detail::op_fingerprint{d.seq, d.count, d.kind, d.type, reduces(d.kind) ? d.op : reduce_op::sum,
+                                  s.algorithm, detail::no_root, d.kind == collective::all_to_allv};
+    if (rooted(d.kind)) j.fp.root = static_cast<std::uint32_t>(d.root);
+    if (d.kind == collective::send_recv) j.fp.root = static_cast<std::uint32_t>(d.tag);
+    return j;
+  }
+
+  /// avg is a sum until every contribution is in; then each holder of a result divides.
+  void finish_avg(const detail::op_desc& d) const {
+    if (d.op != reduce_op::avg || !reduces(d.kind)) return;
+    if (d.kind == collective::reduce && info.rank != d.root) return;
+    divide_by(d.type, d.out, d.count, static_cast<std::size_t>(info.size));
+  }
+
   void run(const detail::op_desc& d) {
-    const int n = info.size;
-    const std::size_t es = size_of(d.type);
-    const auto nn = static_cast<std::size_t>(n);
-    const schedule& s = schedule_for(d);
-    op_buffers b;
-    b.input = static_cast<const std::byte*>(d.in);
-    b.output = static_cast<std::byte*>(d.out);
-    b.elem_size = es;
-    b.reduce = reduce_function(d.type, d.op);
-    switch (d.kind) {
-      case collective::all_reduce:
-        b.input_bytes = b.output_bytes = d.count * es;
-        break;
-      case collective::reduce_scatter:
-        b.input_bytes = d.count * nn * es;
-        b.output_bytes = d.count * es;
-        break;
-      case collective::all_gather:
-        b.input_bytes = d.count * es;
-        b.output_bytes = d.count * nn * es;
-        break;
-      default:
-        throw error(errc::invalid_argument, std::string(to_string(d.kind)) + " is not available yet");
+    const auto deadline = clock::now() + opts.timeout;
+    if (!d.is_group) {
+      const schedule& s = schedule_for(d);
+      const executor_job j = job_for(d, s);
+      exec.run(std::span<const executor_job>(&j, 1), deadline, opts.timeout);
+      finish_avg(d);
+      return;
     }
-    const detail::op_fingerprint fp{d.seq, d.count, d.kind, d.type, d.op, s.algorithm};
-    exec.run(s, fp, b, clock::now() + opts.timeout, opts.timeout);
-    if (d.op == reduce_op::avg && d.kind != collective::all_gather) {
-      divide_by(d.type, d.out, d.count, nn);
+    // A group's schedules must all live through the run, so they are built here.
+    std::vector<schedule> scheds;
+    scheds.reserve(d.members.size());
+    std::vector<executor_job> jobs;
+    for (const auto& mem : d.members) {
+      scheds.push_back(build(mem));
+      jobs.push_back(job_for(mem, scheds.back()));
     }
+    if (!jobs.empty()) exec.run(jobs, deadline, opts.timeout);
+    for (const auto& mem : d.members) finish_avg(mem);
   }
 
-  algo choose(const detail::op_desc& d) const {
-    algo a = d.algorithm != algo::automatic ? d.algorithm : opts.algorithm;
-    // Several nodes of several ranks: keep most bytes inside the nodes (hierarchical.hpp).
-    const bool layered = topo.nodes() > 1 && topo.nodes() < topo.size;
-    if (d.kind != collective::all_reduce) {
-      if (a == algo::recursive_doubling) {
-        // CHORUS_ALGO applies where it can; only an explicit per-call choice is an error.
-        if (d.algorithm == algo::automatic) return algo::ring;
+  /// The call's algorithm: its own choice, else CHORUS_ALGO's for its collective, else the
+  /// tuner's. An explicit choice the collective does not have is an error.
+  algo choose(const char* call, const detail::op_desc& d) const {
+    if (d.algorithm != algo::automatic) {
+      if (!implements(d.kind, d.algorithm)) {
+        std::string have;
+        for (algo a : algorithms_for(d.kind)) have += (have.empty() ? "" : ", ") + std::string(to_string(a));
         throw error(errc::invalid_argument,
-                    std::string(to_string(d.kind)) + ": recursive_doubling is only available for all_reduce");
+                    std::string(call) + ": " + std::string(to_string(d.kind)) + " has no " +
+                        std::string(to_string(d.algorithm)) + " algorithm (it has " + have + ")",
+                    {info.rank}, std::nullopt, call);
       }
-      if (a == algo::automatic) a = layered ? algo::hierarchical : algo::ring;
-      return a;
+      return d.algorithm;
     }
-    if (a == algo::automatic) {
-      a = d.count * size_of(d.type) <= opts.rd_max_bytes ? algo::recursive_doubling
-          : layered                                      ? algo::hierarchical
-                                                         : algo::ring;
-    }
-    return a;
-  }
-
-  void validate(const char* call, const detail::op_desc& d) const {
-    auto bad = [&](const std::string& what) {
-      throw error(errc::invalid_argument, std::string(call) + ": " + what, {info.rank}, std::nullopt, call);
-    };
-    if (!is_valid(d.type)) bad("dtype " + std::to_string(static_cast<int>(d.type)) + " is not a chorus::dtype");
-    if (!is_valid(d.op)) bad("op " + std::to_string(static_cast<int>(d.op)) + " is not a chorus::reduce_op");
-    if (d.op == reduce_op::avg && !is_floating(d.type)) {
-      bad("avg is defined for floating types only, not " + std::string(to_string(d.type)) +
-          " (an integer average would truncate; use sum and divide)");
-    }
-    const std::size_t es = size_of(d.type);
-    const auto nn = static_cast<std::size_t>(info.size);
-    const std::size_t limit = std::numeric_limits<std::size_t>::max() / es / nn;
-    if (d.count > limit) bad("count " + std::to_string(d.count) + " overflows the buffer size");
-    if (d.count > 0 && (d.in == nullptr || d.out == nullptr)) {
-      bad(std::string(d.in == nullptr ? "input" : "output") + " is null but count is " +
-          std::to_string(d.count));
-    }
-    // Buffers may be identical (in place) or disjoint; a partial overlap would corrupt data.
-    const std::size_t in_bytes = d.count * es * (d.kind == collective::reduce_scatter ? nn : 1);
-    const std::size_t out_bytes = d.count * es * (d.kind == collective::all_gather ? nn : 1);
-    const auto in = reinterpret_cast<std::uintptr_t>(d.in);
-    const auto out = reinterpret_cast<std::uintptr_t>(d.out);
-    const bool overlap = in < out + out_bytes && out < in + in_bytes;
-    const std::uintptr_t own = d.count * es * static_cast<std::size_t>(info.rank);
-    // In place means NCCL's forms: all_reduce in == out; all_gather in == out + rank * count;
-    // reduce_scatter out == in + rank * count. Anything else that overlaps is refused.
-    const bool in_place = (d.kind == collective::all_reduce && in == out) ||
-                          (d.kind == collective::all_gather && in == out + own) ||
-                          (d.kind == collective::reduce_scatter && out == in + own);
-    if (d.count > 0 && overlap && !in_place) {
-      bad("input and output overlap without being in place");
-    }
+    const algo table = opts.algorithms[static_cast<std::size_t>(d.kind)];
+    if (table != algo::automatic) return table;
+    return tune.choose(d.kind, d.count * size_of(d.type));
   }
 
   request submit(const char* call, detail::op_desc d, bool async) {
-    validate(call, d);
-    d.algorithm = choose(d);
+    detail::validate(call, d, info.rank, info.size);
+    d.algorithm = choose(call, d);
     std::unique_lock lk(m);
-    d.seq = next_seq++;
+    if (d.kind == collective::send_recv) {
+      auto& seq = d.sending ? sent_to : recv_from;
+      d.seq = seq[static_cast<std::size_t>(d.root)]++;
+    } else {
+      d.seq = next_seq++;
+    }
+    if (group_depth > 0) {
+      if (!async) {
+        throw error(errc::invalid_argument,
+                    std::string(call) + ": a blocking call inside a group (between group_start() "
+                                        "and group_end()); use its _async form",
+                    {info.rank}, std::nullopt, call);
+      }
+      group_members.push_back(std::move(d));
+      return request(group_state);
+    }
+    return enqueue(lk, std::move(d), async);
+  }
+
+  /// Runs `d` now on the caller's thread when nothing is queued (blocking calls), else hands
+  /// it to the worker. `lk` holds m.
+  request enqueue(std::unique_lock<std::mutex>& lk, detail::op_desc d, bool async) {
     if (!async && queue.empty() && !busy) {
       // Nothing queued: run on the caller's thread, saving two thread hand-offs (~10 µs on
       // this machine, as much as a whole small all_reduce) and the request's state.
@@ -255,7 +271,7 @@ struct communicator::impl {
       if (failure) std::rethrow_exception(failure);
       return request();
     }
-    d.state = std::make_shared<detail::op_state>();
+    if (!d.state) d.state = std::make_shared<detail::op_state>();
     auto state = d.state;
     queue.push_back(std::move(d));
     if (!worker.joinable()) worker = std::thread([this] { work(); });
@@ -264,6 +280,34 @@ struct communicator::impl {
     request req(state);
     if (!async) req.wait();
     return req;
+  }
+
+  void group_start() {
+    std::lock_guard lk(m);
+    if (group_depth++ == 0) {
+      group_members.clear();
+      group_state = std::make_shared<detail::op_state>();
+    }
+  }
+
+  request group_end() {
+    std::unique_lock lk(m);
+    if (group_depth == 0) {
+      throw error(errc::invalid_argument, "group_end() without group_start()", {info.rank},
+                  std::nullopt, "group_end");
+    }
+    if (--group_depth > 0) return request(group_state);
+    detail::op_desc g;
+    g.is_group = true;
+    g.state = std::move(group_state);
+    // Collectives first, then point-to-point, each in issue order: every rank runs the
+    // group's collectives in the same order whatever it interleaved them with.
+    std::stable_partition(group_members.begin(), group_members.end(), [](const detail::op_desc& x) {
+      return x.kind != collective::send_recv;
+    });
+    g.members = std::move(group_members);
+    group_members.clear();
+    return enqueue(lk, std::move(g), true);
   }
 
   void work() {
@@ -288,12 +332,13 @@ inline communicator::communicator(communicator&&) noexcept = default;
 inline communicator& communicator::operator=(communicator&&) noexcept = default;
 inline communicator::~communicator() = default;
 
-inline communicator communicator::make(const launch_info& info, topology topo,
-                                       std::shared_ptr<tcp_store> store,
-                                       std::unique_ptr<detail::any_transport> t,
-                                       communicator_options opts) {
-  return communicator(
-      std::make_unique<impl>(info, std::move(topo), std::move(store), std::move(t), opts));
+inline communicator communicator::make(const launch_info& info, std::shared_ptr<store> st,
+                                       transport_factory factory, communicator_options opts) {
+  topology topo = discover_topology(*st, info);
+  auto t = factory(*st, info, topo);
+  auto p = std::make_unique<impl>(info, std::move(topo), st, std::move(factory), std::move(t), opts);
+  p->root_store = std::move(st);
+  return communicator(std::move(p));
 }
 
 inline void communicator::check_sizes(const char* call, std::size_t small, std::size_t big,
@@ -308,6 +353,34 @@ inline void communicator::check_sizes(const char* call, std::size_t small, std::
   }
 }
 
+inline std::size_t communicator::block_of(const char* call, std::size_t in, std::size_t out) const {
+  const auto n = static_cast<std::size_t>(size());
+  if (in != out || in % n != 0) {
+    throw error(errc::invalid_argument,
+                std::string(call) + ": input and output must both hold " + std::to_string(n) +
+                    " equal blocks, not " + std::to_string(in) + " and " + std::to_string(out) +
+                    " elements",
+                {rank()}, std::nullopt, call);
+  }
+  return in / n;
+}
+
+inline void communicator::check_counts(std::size_t in, std::span<const std::size_t> send_counts,
+                                       std::size_t out,
+                                       std::span<const std::size_t> recv_counts) const {
+  // Sizes first (validate checks the rest): the sums must describe the spans exactly.
+  const auto n = static_cast<std::size_t>(size());
+  const std::size_t sent = detail::sum_counts(send_counts);
+  const std::size_t received = detail::sum_counts(recv_counts);
+  if (send_counts.size() == n && recv_counts.size() == n && (sent != in || received != out)) {
+    throw error(errc::invalid_argument,
+                "all_to_allv: the counts add up to " + std::to_string(sent) + " and " +
+                    std::to_string(received) + " elements but the buffers hold " +
+                    std::to_string(in) + " and " + std::to_string(out),
+                {rank()}, std::nullopt, "all_to_allv");
+  }
+}
+
 inline int communicator::rank() const noexcept { return p_->info.rank; }
 inline int communicator::size() const noexcept { return p_->info.size; }
 inline int communicator::local_rank() const noexcept { return p_->topo.local_rank(); }
@@ -315,6 +388,7 @@ inline int communicator::local_size() const noexcept { return p_->topo.local_siz
 inline int communicator::node() const noexcept { return p_->topo.node(); }
 inline int communicator::nodes() const noexcept { return p_->topo.nodes(); }
 inline const topology& communicator::topo() const noexcept { return p_->topo; }
+inline const tuner& communicator::tuner() const noexcept { return p_->tune; }
 inline std::string communicator::transport_name() const { return p_->transport->name(); }
 inline std::string communicator::describe() const {
   return p_->transport->describe() + ", slice " +
@@ -322,42 +396,148 @@ inline std::string communicator::describe() const {
          std::to_string(p_->opts.exec.window);
 }
 
+// --- the type-erased calls: each makes an op_desc and submits it --------------------------
+
 inline request communicator::all_reduce_async(const void* in, void* out, std::size_t count,
                                               dtype t, all_reduce_options o) {
-  return p_->submit("all_reduce",
-                    {collective::all_reduce, in, out, count, t, o.op, o.algorithm}, true);
+  return p_->submit("all_reduce", detail::op_desc::of(collective::all_reduce, in, out, count, t, o.op, o.algorithm), true);
 }
 inline void communicator::all_reduce(const void* in, void* out, std::size_t count, dtype t,
                                      all_reduce_options o) {
-  p_->submit("all_reduce", {collective::all_reduce, in, out, count, t, o.op, o.algorithm}, false);
+  p_->submit("all_reduce", detail::op_desc::of(collective::all_reduce, in, out, count, t, o.op, o.algorithm), false);
 }
 inline request communicator::reduce_scatter_async(const void* in, void* out,
                                                   std::size_t recv_count, dtype t,
                                                   reduce_scatter_options o) {
-  return p_->submit("reduce_scatter",
-                    {collective::reduce_scatter, in, out, recv_count, t, o.op, o.algorithm}, true);
+  return p_->submit("reduce_scatter", detail::op_desc::of(collective::reduce_scatter, in, out, recv_count, t, o.op, o.algorithm), true);
 }
 inline void communicator::reduce_scatter(const void* in, void* out, std::size_t recv_count,
                                          dtype t, reduce_scatter_options o) {
-  p_->submit("reduce_scatter",
-             {collective::reduce_scatter, in, out, recv_count, t, o.op, o.algorithm}, false);
+  p_->submit("reduce_scatter", detail::op_desc::of(collective::reduce_scatter, in, out, recv_count, t, o.op, o.algorithm), false);
 }
 inline request communicator::all_gather_async(const void* in, void* out, std::size_t send_count,
                                               dtype t, all_gather_options o) {
-  return p_->submit("all_gather",
-                    {collective::all_gather, in, out, send_count, t, reduce_op::sum, o.algorithm},
-                    true);
+  return p_->submit("all_gather", detail::op_desc::of(collective::all_gather, in, out, send_count, t, sum, o.algorithm), true);
 }
 inline void communicator::all_gather(const void* in, void* out, std::size_t send_count, dtype t,
                                      all_gather_options o) {
-  p_->submit("all_gather",
-             {collective::all_gather, in, out, send_count, t, reduce_op::sum, o.algorithm}, false);
+  p_->submit("all_gather", detail::op_desc::of(collective::all_gather, in, out, send_count, t, sum, o.algorithm), false);
+}
+inline request communicator::broadcast_async(const void* in, void* out, std::size_t count, dtype t,
+                                             int root, broadcast_options o) {
+  return p_->submit("broadcast", detail::op_desc::of(collective::broadcast, in, out, count, t, sum, o.algorithm, root), true);
+}
+inline void communicator::broadcast(const void* in, void* out, std::size_t count, dtype t, int root,
+                                    broadcast_options o) {
+  p_->submit("broadcast", detail::op_desc::of(collective::broadcast, in, out, count, t, sum, o.algorithm, root), false);
+}
+inline request communicator::reduce_async(const void* in, void* out, std::size_t count, dtype t,
+                                          int root, reduce_options o) {
+  return p_->submit("reduce", detail::op_desc::of(collective::reduce, in, out, count, t, o.op, o.algorithm, root), true);
+}
+inline void communicator::reduce(const void* in, void* out, std::size_t count, dtype t, int root,
+                                 reduce_options o) {
+  p_->submit("reduce", detail::op_desc::of(collective::reduce, in, out, count, t, o.op, o.algorithm, root), false);
+}
+inline request communicator::all_to_all_async(const void* in, void* out, std::size_t block, dtype t,
+                                               all_to_all_options o) {
+  return p_->submit("all_to_all", detail::op_desc::of(collective::all_to_all, in, out, block, t, sum, o.algorithm), true);
+}
+inline void communicator::all_to_all(const void* in, void* out, std::size_t block, dtype t,
+                                     all_to_all_options o) {
+  p_->submit("all_to_all", detail::op_desc::of(collective::all_to_all, in, out, block, t, sum, o.algorithm), false);
+}
+inline request communicator::all_to_allv_async(const void* in, std::span<const std::size_t> send_counts,
+                                                void* out, std::span<const std::size_t> recv_counts,
+                                                dtype t, all_to_all_options o) {
+  return p_->submit("all_to_allv", detail::op_desc::of_counts(in, send_counts, out, recv_counts, t, o.algorithm), true);
+}
+inline void communicator::all_to_allv(const void* in, std::span<const std::size_t> send_counts,
+                                      void* out, std::span<const std::size_t> recv_counts, dtype t,
+                                      all_to_all_options o) {
+  p_->submit("all_to_allv", detail::op_desc::of_counts(in, send_counts, out, recv_counts, t, o.algorithm), false);
+}
+inline request communicator::gather_async(const void* in, void* out, std::size_t block, dtype t,
+                                          int root, gather_options o) {
+  return p_->submit("gather", detail::op_desc::of(collective::gather, in, out, block, t, sum, o.algorithm, root), true);
+}
+inline void communicator::gather(const void* in, void* out, std::size_t block, dtype t, int root,
+                                 gather_options o) {
+  p_->submit("gather", detail::op_desc::of(collective::gather, in, out, block, t, sum, o.algorithm, root), false);
+}
+inline request communicator::scatter_async(const void* in, void* out, std::size_t block, dtype t,
+                                           int root, scatter_options o) {
+  return p_->submit("scatter", detail::op_desc::of(collective::scatter, in, out, block, t, sum, o.algorithm, root), true);
+}
+inline void communicator::scatter(const void* in, void* out, std::size_t block, dtype t, int root,
+                                  scatter_options o) {
+  p_->submit("scatter", detail::op_desc::of(collective::scatter, in, out, block, t, sum, o.algorithm, root), false);
+}
+inline request communicator::send_async(const void* data, std::size_t count, dtype t, int peer,
+                                        p2p_options o) {
+  return p_->submit("send", detail::op_desc::of_p2p(true, data, count, t, peer, o.tag), true);
+}
+inline void communicator::send(const void* data, std::size_t count, dtype t, int peer,
+                               p2p_options o) {
+  p_->submit("send", detail::op_desc::of_p2p(true, data, count, t, peer, o.tag), false);
+}
+inline request communicator::recv_async(void* data, std::size_t count, dtype t, int peer,
+                                        p2p_options o) {
+  return p_->submit("recv", detail::op_desc::of_p2p(false, data, count, t, peer, o.tag), true);
+}
+inline void communicator::recv(void* data, std::size_t count, dtype t, int peer, p2p_options o) {
+  p_->submit("recv", detail::op_desc::of_p2p(false, data, count, t, peer, o.tag), false);
 }
 
+inline request communicator::barrier_async() {
+  return p_->submit("barrier", detail::op_desc::of(collective::barrier, nullptr, nullptr, 0, dtype::uint8, sum, algo::automatic), true);
+}
 inline void communicator::barrier() {
-  // An all_reduce of one byte: no rank can finish it before every rank has contributed.
-  std::uint8_t token = 0;
-  all_reduce(&token, &token, 1, dtype::uint8, {.op = reduce_op::max});
+  if (!implements(collective::barrier, algo::dissemination)) {  // TEMPORARY until barrier.hpp lands
+    std::uint8_t token = 0;
+    all_reduce(&token, &token, 1, dtype::uint8, {.op = reduce_op::max});
+    return;
+  }
+  p_->submit("barrier", detail::op_desc::of(collective::barrier, nullptr, nullptr, 0, dtype::uint8, sum, algo::automatic), false);
+}
+
+inline void communicator::group_start() { p_->group_start(); }
+inline request communicator::group_end() { return p_->group_end(); }
+
+inline std::optional<communicator> communicator::split(int color, int key) {
+  // Everyone learns everyone's (color, key) over this communicator itself.
+  const std::array<std::int64_t, 2> mine{color, key};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
+  all_gather(std::span<const std::int64_t>(mine), std::span(all));
+  const std::uint64_t id = p_->splits++;
+  if (color < 0) return std::nullopt;
+  std::vector<int> members;
+  for (int r = 0; r < size(); ++r) {
+    if (all[2 * static_cast<std::size_t>(r)] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
+  });
+  launch_info ci = p_->info;
+  ci.size = static_cast<int>(members.size());
+  ci.rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+  ci.local_rank = 0;
+  ci.local_size = 0;
+  for (int r : members) {
+    if (!p_->topo.same_node(r, rank())) continue;
+    if (r == rank()) ci.local_rank = ci.local_size;
+    ++ci.local_size;
+  }
+  // The prefix names this split uniquely in the job: the parent's prefix, the parent's split
+  // count (every rank counts the same calls) and the color.
+  std::string prefix = p_->prefix + "split/" + std::to_string(id) + "/" + std::to_string(color) + "/";
+  auto view = std::make_shared<detail::group_store>(p_->root_store, p_->store_lock, prefix, ci.rank,
+                                                    ci.size);
+  communicator child = make(ci, view, p_->factory, p_->opts);
+  child.p_->root_store = p_->root_store;
+  child.p_->store_lock = p_->store_lock;
+  child.p_->prefix = std::move(prefix);
+  return child;
 }
 
 }  // namespace chorus

@@ -30,7 +30,7 @@ inline std::string node_id_from_env() {
   return std::string(host) + "/" + boot + "/" + (n > 0 ? std::string(ns, static_cast<std::size_t>(n)) : "");
 }
 
-inline topology discover_topology(tcp_store& store, const launch_info& info) {
+inline topology discover_topology(store& store, const launch_info& info) {
   const std::string me = node_id_from_env();
   const auto all = store.all_gather(
       "chorus/topology/node", std::as_bytes(std::span<const char>(me.data(), me.size())));

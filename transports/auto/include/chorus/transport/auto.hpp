@@ -39,7 +39,7 @@ class auto_transport {
   ///
   /// **Example**:
   ///   auto comm = chorus::communicator::from_env<chorus::auto_transport>();
-  static auto_transport connect(tcp_store& store, const launch_info& info, const topology& topo,
+  static auto_transport connect(store& store, const launch_info& info, const topology& topo,
                                 mode m = mode_from_env()) {
     auto_transport t;
     t.rank_ = info.rank;

@@ -60,10 +60,10 @@ class shm_transport {
   ///   auto store = chorus::tcp_store::connect(chorus::launch_info_from_env());
   ///   auto topo = chorus::discover_topology(store, info);
   ///   auto t = chorus::shm_transport::connect(store, info, topo);
-  static shm_transport connect(tcp_store& store, const launch_info& info, const topology& topo,
+  static shm_transport connect(store& store, const launch_info& info, const topology& topo,
                                const shm_options& opts = shm_options::from_env());
   /// As above for a job that must be on one node: anything else is errc::invalid_argument.
-  static shm_transport connect(tcp_store& store, const launch_info& info,
+  static shm_transport connect(store& store, const launch_info& info,
                                const shm_options& opts = shm_options::from_env());
 
   shm_transport(shm_transport&&) noexcept = default;

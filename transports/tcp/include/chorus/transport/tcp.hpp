@@ -72,12 +72,12 @@ class tcp_transport {
   /// **Example**:
   ///   auto store = chorus::tcp_store::connect(chorus::launch_info_from_env());
   ///   auto t = chorus::tcp_transport::connect(store, chorus::tcp_options::from_env());
-  static tcp_transport connect(tcp_store& store, const launch_info& info,
+  static tcp_transport connect(store& store, const launch_info& info,
                                const tcp_options& opts = tcp_options::from_env());
   /// As above, but connects only to the peers p with wanted[p] (wanted has size() entries,
   /// and peers must agree: p wants us exactly when we want p). Composite transports use it
   /// to leave ranks of the same node to shared memory. A collective call all the same.
-  static tcp_transport connect(tcp_store& store, const launch_info& info,
+  static tcp_transport connect(store& store, const launch_info& info,
                                const std::vector<bool>& wanted, const tcp_options& opts);
 
   tcp_transport(tcp_transport&&) noexcept = default;

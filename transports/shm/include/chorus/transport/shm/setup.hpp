@@ -25,14 +25,14 @@ inline void shm_require_one_node(const topology& topo) {
 
 }  // namespace detail
 
-inline shm_transport shm_transport::connect(tcp_store& store, const launch_info& info,
+inline shm_transport shm_transport::connect(store& store, const launch_info& info,
                                             const shm_options& opts) {
   const topology topo = discover_topology(store, info);
   detail::shm_require_one_node(topo);
   return connect(store, info, topo, opts);
 }
 
-inline shm_transport shm_transport::connect(tcp_store& store, const launch_info& info,
+inline shm_transport shm_transport::connect(store& store, const launch_info& info,
                                             const topology& topo, const shm_options& opts) {
   using namespace detail;
   if ((opts.ring_bytes & (opts.ring_bytes - 1)) != 0 || opts.ring_bytes < 4096) {

@@ -46,12 +46,12 @@ inline void tune_socket(int fd, const tcp_options& o) {
 
 }  // namespace detail
 
-inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info& info,
+inline tcp_transport tcp_transport::connect(store& store, const launch_info& info,
                                             const tcp_options& opts) {
   return connect(store, info, std::vector<bool>(static_cast<std::size_t>(info.size), true), opts);
 }
 
-inline tcp_transport tcp_transport::connect(tcp_store& store, const launch_info& info,
+inline tcp_transport tcp_transport::connect(store& store, const launch_info& info,
                                             const std::vector<bool>& wanted,
                                             const tcp_options& opts) {
   using namespace detail;
