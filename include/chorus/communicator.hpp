@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -255,6 +256,17 @@ class communicator {
     return recv_async(data.data(), data.size(), dtype_of<T>, peer, o);
   }
 
+  /// Sends `out` to `dest` while receiving `in` from `source` (MPI_Sendrecv): both progress
+  /// at once, so a ring or halo exchange cannot deadlock however large the messages.
+  ///
+  /// **Example**: `comm.sendrecv(std::span<const float>(mine), right, std::span(theirs), left);`
+  template <class T>
+  void sendrecv(std::span<const T> out, int dest, std::span<T> in, int source, p2p_options o = {}) {
+    sendrecv(out.data(), out.size(), dest, in.data(), in.size(), source, dtype_of<T>, o);
+  }
+  void sendrecv(const void* out, std::size_t send_count, int dest, void* in, std::size_t recv_count,
+                int source, dtype t, p2p_options o = {});
+
   // --- groups: operations that progress together and complete together -------------------
 
   /// Between group_start() and group_end(), `_async` calls are collected instead of started
@@ -342,8 +354,12 @@ class communicator {
       std::function<std::unique_ptr<detail::any_transport>(store&, const launch_info&, const topology&)>;
 
   explicit communicator(std::unique_ptr<impl> p);
+  /// `root` is the job's store and `lock` serialises its users; `prefix` names this
+  /// communicator's keys there (split() children; the job's own communicator: "").
   static communicator make(const launch_info& info, std::shared_ptr<store> st,
-                           transport_factory factory, communicator_options opts);
+                           transport_factory factory, communicator_options opts,
+                           std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
+                           std::string prefix);
   static void check_sizes(const char* call, std::size_t small, std::size_t big, int factor);
   std::size_t block_of(const char* call, std::size_t in, std::size_t out) const;
   void check_counts(std::size_t in, std::span<const std::size_t> send_counts, std::size_t out,
@@ -364,7 +380,9 @@ communicator communicator::create(const launch_info& info, std::shared_ptr<store
       return std::make_unique<detail::transport_model<T>>(T::connect(s, i));
     }
   };
-  return make(info, std::move(st), std::move(factory), opts);
+  auto root = st;
+  return make(info, std::move(st), std::move(factory), opts, std::move(root),
+              std::make_shared<std::mutex>(), "");
 }
 
 template <class T>

@@ -18,6 +18,7 @@
 #include "chorus/detail/op_desc.hpp"
 #include "chorus/reduce/reduce.hpp"
 #include "chorus/schedule/build.hpp"
+#include "chorus/tuner/detail/probe.hpp"
 
 namespace chorus {
 
@@ -52,7 +53,7 @@ struct communicator::impl {
   // Where split() children find the job's store: the root store, one lock for every view of
   // it, and this communicator's key prefix ("" for the job's own communicator).
   std::shared_ptr<store> root_store;
-  std::shared_ptr<std::mutex> store_lock = std::make_shared<std::mutex>();
+  std::shared_ptr<std::mutex> store_lock;
   std::string prefix;
   std::uint64_t splits = 0;
 
@@ -81,7 +82,6 @@ struct communicator::impl {
         transport(std::move(t)),
         opts(resolve(o, std::max(i.local_size, topo.local_size()))),
         exec(*transport, opts.exec),
-        tune(topo, opts.tuning),
         sent_to(static_cast<std::size_t>(i.size), 0),
         recv_from(static_cast<std::size_t>(i.size), 0) {}
 
@@ -229,7 +229,7 @@ struct communicator::impl {
     }
     const algo table = opts.algorithms[static_cast<std::size_t>(d.kind)];
     if (table != algo::automatic) return table;
-    return tune.choose(d.kind, d.count * size_of(d.type));
+    return tune.choose(d.kind, detail::tuning_count(d, info.size), size_of(d.type));
   }
 
   request submit(const char* call, detail::op_desc d, bool async) {
@@ -280,6 +280,27 @@ struct communicator::impl {
     request req(state);
     if (!async) req.wait();
     return req;
+  }
+
+  /// A group of one send and one receive, run on the caller's thread when it can be.
+  void sendrecv(const void* out, std::size_t send_count, int dest, void* in, std::size_t recv_count,
+                int source, dtype t, p2p_options o) {
+    detail::op_desc s = detail::op_desc::of_p2p(true, out, send_count, t, dest, o.tag);
+    detail::op_desc r = detail::op_desc::of_p2p(false, in, recv_count, t, source, o.tag);
+    detail::validate("sendrecv", s, info.rank, info.size);
+    detail::validate("sendrecv", r, info.rank, info.size);
+    std::unique_lock lk(m);
+    if (group_depth > 0) {
+      throw error(errc::invalid_argument, "sendrecv: a blocking call inside a group", {info.rank},
+                  std::nullopt, "sendrecv");
+    }
+    s.seq = sent_to[static_cast<std::size_t>(dest)]++;
+    r.seq = recv_from[static_cast<std::size_t>(source)]++;
+    detail::op_desc g;
+    g.is_group = true;
+    g.members.push_back(std::move(s));
+    g.members.push_back(std::move(r));
+    enqueue(lk, std::move(g), false);
   }
 
   void group_start() {
@@ -333,12 +354,40 @@ inline communicator& communicator::operator=(communicator&&) noexcept = default;
 inline communicator::~communicator() = default;
 
 inline communicator communicator::make(const launch_info& info, std::shared_ptr<store> st,
-                                       transport_factory factory, communicator_options opts) {
+                                       transport_factory factory, communicator_options opts,
+                                       std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
+                                       std::string prefix) {
+  const tuning_file file = opts.tuning.file.empty() ? tuning_file{} : tuning_file::load(opts.tuning.file);
   topology topo = discover_topology(*st, info);
   auto t = factory(*st, info, topo);
-  auto p = std::make_unique<impl>(info, std::move(topo), st, std::move(factory), std::move(t), opts);
-  p->root_store = std::move(st);
-  return communicator(std::move(p));
+  auto p = std::make_unique<impl>(info, std::move(topo), std::move(st), std::move(factory),
+                                  std::move(t), opts);
+  p->root_store = std::move(root);
+  p->store_lock = std::move(lock);
+  p->prefix = std::move(prefix);
+  impl& i = *p;
+  communicator c(std::move(p));
+
+  // Costs: the tuning file's, else the probe's (or the job's earlier probe), else defaults.
+  cost_model costs;
+  if (file.intra || file.inter || file.reduce_s_per_byte || file.copy_s_per_byte) {
+    if (file.intra) costs.intra = *file.intra;
+    if (file.inter) costs.inter = *file.inter;
+    if (file.reduce_s_per_byte) costs.reduce_s_per_byte = *file.reduce_s_per_byte;
+    if (file.copy_s_per_byte) costs.copy_s_per_byte = *file.copy_s_per_byte;
+    costs.source = "file";
+  }
+  const std::size_t max_slice = i.transport->max_slice_bytes();
+  i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec, max_slice);  // for the probe's own calls
+  if (costs.source == "defaults" && opts.tuning.probe && info.size > 1) {
+    const std::string signature = i.transport->name() + "/" + i.topo.describe() + "/slice " +
+                                  std::to_string(i.opts.exec.slice_bytes) + "/window " +
+                                  std::to_string(i.opts.exec.window);
+    costs = detail::job_costs(c, *i.st, *i.root_store, *i.store_lock, signature, costs);
+    i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec, max_slice);
+  }
+  if (info.rank == 0) detail::log(detail::log_level::info, 0, "tuner costs: " + costs.describe());
+  return c;
 }
 
 inline void communicator::check_sizes(const char* call, std::size_t small, std::size_t big,
@@ -501,6 +550,11 @@ inline void communicator::barrier() {
   p_->submit("barrier", detail::op_desc::of(collective::barrier, nullptr, nullptr, 0, dtype::uint8, sum, algo::automatic), false);
 }
 
+inline void communicator::sendrecv(const void* out, std::size_t send_count, int dest, void* in,
+                                   std::size_t recv_count, int source, dtype t, p2p_options o) {
+  p_->sendrecv(out, send_count, dest, in, recv_count, source, t, o);
+}
+
 inline void communicator::group_start() { p_->group_start(); }
 inline request communicator::group_end() { return p_->group_end(); }
 
@@ -533,11 +587,7 @@ inline std::optional<communicator> communicator::split(int color, int key) {
   std::string prefix = p_->prefix + "split/" + std::to_string(id) + "/" + std::to_string(color) + "/";
   auto view = std::make_shared<detail::group_store>(p_->root_store, p_->store_lock, prefix, ci.rank,
                                                     ci.size);
-  communicator child = make(ci, view, p_->factory, p_->opts);
-  child.p_->root_store = p_->root_store;
-  child.p_->store_lock = p_->store_lock;
-  child.p_->prefix = std::move(prefix);
-  return child;
+  return make(ci, view, p_->factory, p_->opts, p_->root_store, p_->store_lock, std::move(prefix));
 }
 
 }  // namespace chorus

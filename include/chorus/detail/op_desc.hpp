@@ -99,6 +99,12 @@ inline buffer_sizes buffer_sizes_of(const op_desc& d, int rank, int size) {
   return {};
 }
 
+/// The count the tuner prices: the call's own, or for all_to_allv the average block.
+inline std::size_t tuning_count(const op_desc& d, int size) {
+  if (d.kind != collective::all_to_allv) return d.count;
+  return sum_counts(d.send_counts) / static_cast<std::size_t>(std::max(1, size));
+}
+
 /// Checks one call on this rank; throws errc::invalid_argument naming the call and what is
 /// wrong. What only the peers can see (a different count, root or dtype there) is caught
 /// from the frame headers instead (errc::mismatch).

@@ -1,0 +1,428 @@
+// SPDX-License-Identifier: Apache-2.0
+// The simulator: runs the real schedules of every rank over a simulated network, in one
+// process, and predicts how long a collective takes. The tuner prices algorithms with it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "chorus/executor/executor.hpp"
+#include "chorus/schedule/build.hpp"
+#include "chorus/topology.hpp"
+#include "chorus/tuner/detail/program.hpp"
+
+namespace chorus {
+
+/// What moving bytes over one kind of link costs (the alpha-beta model, split between the
+/// two ends so that a rank sending and receiving at once is priced as it runs).
+struct link_cost {
+  double latency_s = 0;        ///< alpha: added to every message (slice)
+  double send_s_per_byte = 0;  ///< time the sender's port is busy per byte
+  double recv_s_per_byte = 0;  ///< time the receiver's port is busy per byte
+};
+
+/// The machine a collective runs on. Ports are what a transfer keeps busy: for links that
+/// copy through the CPU (shared memory, and TCP between processes of one machine) each rank's
+/// own core; for a network, each node's NIC, shared by the ranks of the node, and in a fat
+/// tree the leaf switches' uplinks.
+struct sim_network {
+  std::vector<int> node_of;  ///< node of each rank; the size is the number of ranks
+  link_cost intra;           ///< between ranks of one node
+  link_cost inter;           ///< between nodes
+  /// true: inter-node transfers keep the ranks' cores busy (TCP on one machine); false: the
+  /// nodes' NICs (inter.send/recv_s_per_byte are then the NIC's, shared by its ranks).
+  bool inter_on_cpu = true;
+  /// Fat tree: nodes per leaf switch (0: every node on one non-blocking switch) and the
+  /// oversubscription of a leaf's uplinks (2: uplinks carry half of what its nodes can send).
+  int nodes_per_leaf = 0;
+  double oversubscription = 1;
+  double reduce_s_per_byte = 0;  ///< gamma: applying a reduction, per byte, on the receiver's core
+  double copy_s_per_byte = 0;    ///< a local copy step, per byte
+  executor_options exec{};       ///< the executor's slice and window (its defaults)
+  std::size_t max_slice_bytes = SIZE_MAX;  ///< the transport's cap (shared memory rings)
+
+  int size() const { return static_cast<int>(node_of.size()); }
+  /// Every rank on its own node (`per_node` 1) or nodes of `per_node` ranks, in rank order.
+  static std::vector<int> nodes_of(int ranks, int per_node) {
+    std::vector<int> v(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) v[static_cast<std::size_t>(r)] = r / std::max(1, per_node);
+    return v;
+  }
+};
+
+/// What the simulation found.
+struct sim_result {
+  double seconds = 0;          ///< until the last rank finished
+  std::uint64_t steps = 0;     ///< of the slowest rank... of every rank together
+  std::uint64_t messages = 0;  ///< slices sent, all ranks
+  std::uint64_t bytes = 0;     ///< bytes sent, all ranks
+  std::uint64_t events = 0;    ///< simulation events processed
+};
+
+namespace detail {
+
+/// A resource that serves one transfer at a time, first come first served.
+struct sim_port {
+  double free_at = 0;
+};
+
+/// The discrete-event engine. Each rank runs its program as the executor would: per peer,
+/// sends in schedule order with at most `window` in flight, receives matched in order, every
+/// slice gated by the hazards it shares with earlier steps, reductions and copies on the
+/// rank's core. Ranks wake up when something of theirs completes; every reservation of a port
+/// happens at the simulated time it is made, so ports are shared first come first served.
+class sim_engine {
+ public:
+  sim_engine(const sim_network& net, std::vector<sim_program> programs)
+      : net_(net), progs_(std::move(programs)) {
+    const int n = net.size();
+    ranks_.resize(static_cast<std::size_t>(n));
+    int nodes = 0;
+    for (int v : net.node_of) nodes = std::max(nodes, v + 1);
+    cpu_.resize(static_cast<std::size_t>(n));
+    nic_tx_.resize(static_cast<std::size_t>(nodes));
+    nic_rx_.resize(static_cast<std::size_t>(nodes));
+    const int leaves = net.nodes_per_leaf > 0 ? (nodes + net.nodes_per_leaf - 1) / net.nodes_per_leaf : 0;
+    up_.resize(static_cast<std::size_t>(leaves));
+    down_.resize(static_cast<std::size_t>(leaves));
+    for (int r = 0; r < n; ++r) ranks_[static_cast<std::size_t>(r)].cur.emplace(progs_[static_cast<std::size_t>(r)]);
+  }
+
+  sim_result run() {
+    const int n = net_.size();
+    for (int r = 0; r < n; ++r) wake(r, 0.0);
+    while (!events_.empty()) {
+      const auto [t, r] = events_.top();
+      events_.pop();
+      ++result_.events;
+      rank_state& rs = ranks_[static_cast<std::size_t>(r)];
+      // Several wake-ups for one rank at one time need one visit.
+      if (-t == rs.now && rs.visited) continue;
+      rs.now = -t;
+      rs.visited = true;
+      advance(r);
+    }
+    for (int r = 0; r < n; ++r) {
+      const rank_state& rs = ranks_[static_cast<std::size_t>(r)];
+      if (rs.base != progs_[static_cast<std::size_t>(r)].steps) {
+        throw error(errc::invalid_argument,
+                    "simulator: rank " + std::to_string(r) + " stopped at step " + std::to_string(rs.base) +
+                        " of " + std::to_string(progs_[static_cast<std::size_t>(r)].steps) + " (deadlock)");
+      }
+      result_.seconds = std::max(result_.seconds, rs.finished);
+      result_.steps += progs_[static_cast<std::size_t>(r)].steps;
+      result_.messages += progs_[static_cast<std::size_t>(r)].messages;
+      result_.bytes += progs_[static_cast<std::size_t>(r)].sent_bytes;
+    }
+    return result_;
+  }
+
+ private:
+  struct step_rt {
+    const sim_step* st = nullptr;
+    std::uint64_t send_posted = 0, send_done = 0;
+    std::uint64_t recv_done = 0;   // slices applied
+    std::uint64_t recv_taken = 0;  // slices matched with an arrival (store or reduce begun)
+    bool copied = false;
+  };
+  struct arrival {
+    double at;    // the receiver may start taking it (its first byte is there)
+    double sent;  // the sender finished: the receiver cannot finish before sent + latency
+    std::uint64_t bytes;
+  };
+  struct peer_rt {
+    std::deque<std::uint64_t> sends, recvs;  // discovered steps with this peer, in order
+    std::uint32_t in_flight = 0;
+    std::deque<arrival> arrived;  // slices the peer sent us, in its order
+  };
+  struct pending {  // a completion that lands at a known future time
+    double at;
+    std::uint64_t step;
+    int kind;  // 0 send done, 1 recv applied, 2 copy done
+    int peer;
+  };
+  struct later {
+    bool operator()(const pending& a, const pending& b) const { return a.at > b.at; }
+  };
+  struct rank_state {
+    std::optional<sim_program::cursor> cur;
+    std::uint64_t base = 0;       // steps below base are complete
+    std::uint64_t frontier = 0;   // steps discovered
+    std::deque<step_rt> live;     // steps [base, frontier)
+    std::unordered_map<int, peer_rt> peers;
+    std::deque<std::uint64_t> copies;
+    std::priority_queue<pending, std::vector<pending>, later> done;
+    double now = 0;
+    bool visited = false;  // advance() ran at `now` (and anything new at `now` woke us again)
+    double finished = 0;
+  };
+
+  static constexpr std::uint64_t lookahead = 256;
+  static constexpr std::uint64_t whole = std::numeric_limits<std::uint64_t>::max();
+
+  void wake(int r, double t) {
+    rank_state& rs = ranks_[static_cast<std::size_t>(r)];
+    if (t == rs.now) rs.visited = false;  // news at the current time: visit once more
+    events_.push({-t, r});
+  }
+
+  step_rt* live_step(rank_state& rs, std::uint64_t i) {
+    if (i < rs.base || i >= rs.frontier) return nullptr;
+    return &rs.live[i - rs.base];
+  }
+
+  bool clear(rank_state& rs, std::uint64_t i, const step_rt& s, access_role mine, std::uint64_t k) {
+    const sim_step& st = *s.st;
+    const std::uint64_t bytes = st.place_bytes(mine);
+    if (bytes == 0) return true;
+    const std::int64_t lo = k == whole ? 0 : static_cast<std::int64_t>(std::min(k * st.unit, bytes));
+    const std::int64_t hi = k == whole ? static_cast<std::int64_t>(bytes)
+                                       : static_cast<std::int64_t>(std::min(static_cast<std::uint64_t>(lo) + st.unit, bytes));
+    for (const sim_gate& g : st.gates) {
+      if (g.mine != mine) continue;
+      const step_rt* t = g.rel == 0 ? &s : live_step(rs, i - g.rel);
+      if (t == nullptr) continue;  // long complete
+      const std::int64_t qlo = g.delta;
+      const std::int64_t qhi = g.delta + static_cast<std::int64_t>(g.bytes);
+      if (hi <= qlo || lo >= qhi) continue;
+      const auto upto = static_cast<std::uint64_t>(std::min(hi, qhi) - qlo);
+      const std::uint64_t needed = (upto + g.unit - 1) / g.unit;
+      const bool sends = g.theirs == access_role::send;
+      const std::uint64_t done = sends ? t->send_done : t->recv_done;
+      const std::uint64_t total = sends ? t->st->send_slices() : t->st->recv_slices();
+      if (done < std::min(needed, total)) return false;
+    }
+    return true;
+  }
+
+  double reserve(sim_port& p, double start, double seconds) {
+    const double s = std::max(start, p.free_at);
+    p.free_at = s + seconds;
+    return p.free_at;
+  }
+
+  /// Sends one slice now. Returns when the sender is done with it (its window slot frees)
+  /// and the arrival the receiver sees; the receiver's own work happens when it takes it.
+  std::pair<double, arrival> transfer(int from, int to, double now, std::uint64_t bytes) {
+    const auto b = static_cast<double>(bytes);
+    const int nf = net_.node_of[static_cast<std::size_t>(from)];
+    const int nt = net_.node_of[static_cast<std::size_t>(to)];
+    const bool inside = nf == nt;
+    const link_cost& c = inside ? net_.intra : net_.inter;
+    if (inside || net_.inter_on_cpu) {
+      // The sender's core copies the slice out; the receiver's copies it in when it takes it.
+      const double sent = reserve(cpu_[static_cast<std::size_t>(from)], now, b * c.send_s_per_byte);
+      return {sent, arrival{sent - b * c.send_s_per_byte + c.latency_s, sent + c.latency_s, bytes}};
+    }
+    // Through the NICs (and the leaf switches of a fat tree), cut through: the slice occupies
+    // every port on its path at once and finishes no earlier than its slowest.
+    double start = std::max(now, nic_tx_[static_cast<std::size_t>(nf)].free_at);
+    double end = start + b * c.send_s_per_byte;
+    nic_tx_[static_cast<std::size_t>(nf)].free_at = end;
+    const double sent = end;
+    auto hop = [&](sim_port& p, double s_per_byte) {
+      const double s0 = std::max(start, p.free_at);
+      const double e = std::max(s0 + b * s_per_byte, end);
+      p.free_at = e;
+      start = s0;
+      end = e;
+    };
+    if (net_.nodes_per_leaf > 0) {
+      const int lf = nf / net_.nodes_per_leaf;
+      const int lt = nt / net_.nodes_per_leaf;
+      if (lf != lt) {
+        // A leaf's uplinks carry nodes_per_leaf NICs' worth of traffic / oversubscription.
+        const double up = c.send_s_per_byte * net_.oversubscription / net_.nodes_per_leaf;
+        hop(up_[static_cast<std::size_t>(lf)], up);
+        hop(down_[static_cast<std::size_t>(lt)], up);
+      }
+    }
+    hop(nic_rx_[static_cast<std::size_t>(nt)], c.recv_s_per_byte);
+    return {sent, arrival{end + c.latency_s, end + c.latency_s, bytes}};
+  }
+
+  /// What taking an arrived slice costs the receiver's core: the copy in (links through the
+  /// cores) and the reduction.
+  double receive_work(int from, int to, std::uint64_t bytes, bool reducing) const {
+    const bool inside = net_.node_of[static_cast<std::size_t>(from)] == net_.node_of[static_cast<std::size_t>(to)];
+    const double copy = inside ? net_.intra.recv_s_per_byte
+                               : net_.inter_on_cpu ? net_.inter.recv_s_per_byte : 0.0;
+    return static_cast<double>(bytes) * (copy + (reducing ? net_.reduce_s_per_byte : 0.0));
+  }
+
+  void discover(int r, rank_state& rs) {
+    const std::uint64_t total = progs_[static_cast<std::size_t>(r)].steps;
+    while (rs.frontier < total && rs.frontier - rs.base < lookahead) {
+      step_rt s;
+      s.st = &rs.cur->get();
+      rs.cur->next();
+      const std::uint64_t i = rs.frontier++;
+      rs.live.push_back(s);
+      if (s.st->send_peer >= 0) rs.peers[s.st->send_peer].sends.push_back(i);
+      if (s.st->action == recv_action::copy) {
+        rs.copies.push_back(i);
+      } else if (s.st->action != recv_action::none) {
+        rs.peers[s.st->recv_peer].recvs.push_back(i);
+      }
+    }
+  }
+
+  static bool complete(const step_rt& s) {
+    return s.send_done == s.st->send_slices() && s.recv_done == s.st->recv_slices();
+  }
+
+  void advance(int r) {
+    rank_state& rs = ranks_[static_cast<std::size_t>(r)];
+    const double now = rs.now;
+    // Completions that are due.
+    while (!rs.done.empty() && rs.done.top().at <= now) {
+      const pending p = rs.done.top();
+      rs.done.pop();
+      step_rt* s = live_step(rs, p.step);
+      if (p.kind == 0) {
+        ++s->send_done;
+        --rs.peers[p.peer].in_flight;
+      } else {
+        ++s->recv_done;
+      }
+      rs.finished = std::max(rs.finished, p.at);
+    }
+    for (bool moved = true; moved;) {
+      moved = false;
+      while (!rs.live.empty() && complete(rs.live.front())) {
+        rs.live.pop_front();
+        ++rs.base;
+        moved = true;
+      }
+      discover(r, rs);
+      // Local copies, in order, once every hazard is wholly clear.
+      while (!rs.copies.empty()) {
+        const std::uint64_t i = rs.copies.front();
+        step_rt& s = *live_step(rs, i);
+        if (s.copied) {
+          rs.copies.pop_front();
+          continue;
+        }
+        if (!clear(rs, i, s, access_role::write, whole) || !clear(rs, i, s, access_role::local, whole)) break;
+        s.copied = true;
+        const double end = reserve(cpu_[static_cast<std::size_t>(r)], now,
+                                   static_cast<double>(s.st->recv_bytes) * net_.copy_s_per_byte);
+        schedule(r, {end, i, 2, -1});
+        rs.copies.pop_front();
+        moved = true;
+      }
+      for (auto& [peer, ps] : rs.peers) moved = serve_peer(r, rs, peer, ps, now) || moved;
+    }
+  }
+
+  void schedule(int r, pending p) {
+    ranks_[static_cast<std::size_t>(r)].done.push(p);
+    wake(r, p.at);
+  }
+
+  bool serve_peer(int r, rank_state& rs, int peer, peer_rt& ps, double now) {
+    bool moved = false;
+    // Sends: the first step with slices left, while the window has room and data is ready.
+    while (!ps.sends.empty() && ps.in_flight < net_.exec.window) {
+      const std::uint64_t i = ps.sends.front();
+      step_rt* sp = live_step(rs, i);
+      if (sp == nullptr || sp->send_posted == sp->st->send_slices()) {
+        ps.sends.pop_front();
+        continue;
+      }
+      step_rt& s = *sp;
+      const std::uint64_t k = s.send_posted;
+      if (!clear(rs, i, s, access_role::send, k)) break;
+      const std::uint64_t first = k * s.st->unit;
+      const std::uint64_t len = first >= s.st->send_bytes ? 0 : std::min(s.st->unit, s.st->send_bytes - first);
+      const auto [sent, a] = transfer(r, peer, now, len);
+      ++s.send_posted;
+      ++ps.in_flight;
+      schedule(r, {sent, i, 0, peer});
+      ranks_[static_cast<std::size_t>(peer)].peers[r].arrived.push_back(a);
+      wake(peer, a.at);
+      moved = true;
+    }
+    // Receives: match arrivals in order; a slice lands once its hazards are clear.
+    while (!ps.recvs.empty() && !ps.arrived.empty() && ps.arrived.front().at <= now) {
+      const std::uint64_t i = ps.recvs.front();
+      step_rt* sp = live_step(rs, i);
+      if (sp == nullptr || sp->recv_taken == sp->st->recv_slices()) {
+        ps.recvs.pop_front();
+        continue;
+      }
+      step_rt& s = *sp;
+      const std::uint64_t k = s.recv_taken;
+      const bool reducing = s.st->action == recv_action::reduce;
+      if (!clear(rs, i, s, access_role::write, k)) break;
+      if (reducing && !clear(rs, i, s, access_role::local, k)) break;
+      const arrival a = ps.arrived.front();
+      ps.arrived.pop_front();
+      ++s.recv_taken;
+      const double work = receive_work(peer, r, a.bytes, reducing);
+      const double end = std::max(work > 0 ? reserve(cpu_[static_cast<std::size_t>(r)], now, work) : now, a.sent);
+      schedule(r, {end, i, 1, peer});
+      moved = true;
+    }
+    return moved;
+  }
+
+  const sim_network& net_;
+  std::vector<sim_program> progs_;
+  std::vector<rank_state> ranks_;
+  std::vector<sim_port> cpu_, nic_tx_, nic_rx_, up_, down_;
+  std::priority_queue<std::pair<double, int>> events_;  // (-time, rank): earliest first
+  sim_result result_;
+};
+
+}  // namespace detail
+
+/// The arguments of the collective to simulate (as build_schedule takes them, less the rank).
+struct sim_call {
+  collective kind = collective::all_reduce;
+  algo algorithm = algo::ring;
+  std::size_t count = 0;   ///< as schedule.hpp defines it per collective
+  std::size_t elem_size = 4;
+  int root = 0;
+  bool in_place = false;
+};
+
+/// Simulates `call` on every rank of `net` and returns when the last rank finishes.
+///
+/// **Example**:
+///   chorus::sim_network net;
+///   net.node_of = chorus::sim_network::nodes_of(1024, 8);   // 128 nodes of 8 ranks
+///   net.intra = {1e-6, 1.0 / 100e9, 1.0 / 100e9};
+///   net.inter = {5e-6, 1.0 / 25e9, 1.0 / 25e9};
+///   net.inter_on_cpu = false;
+///   double t = chorus::simulate(net, {.kind = chorus::collective::all_reduce,
+///                                     .algorithm = chorus::algo::tree, .count = 1 << 24}).seconds;
+inline sim_result simulate(const sim_network& net, const sim_call& call) {
+  const int n = net.size();
+  std::vector<std::string> ids;
+  ids.reserve(static_cast<std::size_t>(n));
+  for (int v : net.node_of) ids.push_back(std::to_string(v));
+  topology topo = topology::from_ids(0, ids);
+  std::vector<detail::sim_program> progs;
+  progs.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    topo.rank = r;
+    const schedule s = build_schedule(topo, {.kind = call.kind,
+                                             .algorithm = call.algorithm,
+                                             .count = call.count,
+                                             .root = rooted(call.kind) ? call.root : -1});
+    progs.push_back(detail::make_program(s, call.elem_size, net.exec, net.max_slice_bytes, call.in_place));
+  }
+  detail::sim_engine e(net, std::move(progs));
+  return e.run();
+}
+
+}  // namespace chorus
