@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Proves the schedules symbolically (every output holds exactly the right contributions,
-// every rank finishes, no message is left over), and prices them against their headers' cost
-// formulas.
+// every rank finishes, no message is left over), prices them against their headers' cost
+// formulas, and compares their listings with golden files.
 #include <doctest/doctest.h>
 
 #include <chorus/error.hpp>
@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <bit>
 #include <cstddef>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -960,4 +963,64 @@ TEST_CASE("to_string lists a schedule one step per line") {
   CHECK(to_string(dissemination_barrier(0, 2)) ==
         "barrier dissemination, rank 0 of 2\n"
         "  0  send empty to 1; recv empty from 1\n");
+}
+
+namespace {
+
+/// Every rank's schedule of (kind, a) for the golden cases: n = 5 (nodes of 2 and 3 for
+/// hierarchical) and n = 4 (2 x 2), count 11 for whole-buffer collectives and block 3 for
+/// block-wise ones, root 2; all_to_allv sends (i + 2j) mod 4 elements from i to j;
+/// send_recv, rank 1 to rank 3.
+std::string golden_listing(collective kind, algo a) {
+  std::string text;
+  for (int n : {5, 4}) {
+    const bool whole = kind == collective::all_reduce || kind == collective::broadcast ||
+                       kind == collective::reduce || kind == collective::send_recv;
+    const std::size_t count = whole ? 11 : kind == collective::barrier || kind == collective::all_to_allv ? 0 : 3;
+    const std::vector<int> sizes = n == 5 ? std::vector<int>{2, 3} : std::vector<int>{2, 2};
+    text += "# " + std::string(to_string(kind)) + " " + std::string(to_string(a)) + ", n = " +
+            std::to_string(n) + (a == algo::hierarchical ? " (nodes " + describe_layout(sizes) + ")" : "") +
+            (kind == collective::all_to_allv ? ", (i + 2j) mod 4 elements from i to j" : ", count " + std::to_string(count)) +
+            (rooted(kind) ? ", root 2" : "") + (kind == collective::send_recv ? ", rank 1 to rank 3" : "") + "\n";
+    for (int r = 0; r < n; ++r) {
+      if (kind == collective::send_recv && r != 1 && r != 3) continue;
+      std::vector<std::size_t> send, recv;
+      for (int j = 0; j < n; ++j) {
+        send.push_back(static_cast<std::size_t>((r + 2 * j) % 4));
+        recv.push_back(static_cast<std::size_t>((j + 2 * r) % 4));
+      }
+      const topology t = a == algo::hierarchical ? topology::from_sizes(r, sizes) : topology::single_node(r, n);
+      text += to_string(build_schedule(t, {.kind = kind, .algorithm = a, .count = count,
+                                           .root = kind == collective::send_recv ? 4 - r : rooted(kind) ? 2 : -1,
+                                           .send_counts = send, .recv_counts = recv,
+                                           .sending = r == 1}));
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("every algorithm's schedules match their golden listings (CHORUS_UPDATE_GOLDEN=1 rewrites them)") {
+  const char* update = std::getenv("CHORUS_UPDATE_GOLDEN");
+  const bool rewrite = update != nullptr && std::string(update) == "1";
+  for (int k = 0; k < collective_count; ++k) {
+    const auto kind = static_cast<collective>(k);
+    for (algo a : algorithms_for(kind)) {
+      const std::string path = std::string(CHORUS_GOLDEN_DIR) + "/" + std::string(to_string(kind)) + "_" +
+                               std::string(to_string(a)) + ".txt";
+      const std::string listing = golden_listing(kind, a);
+      CAPTURE(path);
+      if (rewrite) {
+        std::ofstream(path, std::ios::binary) << listing;
+        continue;
+      }
+      std::ifstream file(path, std::ios::binary);
+      REQUIRE_MESSAGE(file.good(), "no golden file: run with CHORUS_UPDATE_GOLDEN=1 and review it");
+      std::stringstream stored;
+      stored << file.rdbuf();
+      CHECK(stored.str() == listing);
+    }
+  }
 }
