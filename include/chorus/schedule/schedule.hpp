@@ -15,7 +15,7 @@ namespace chorus {
 ///   all_reduce, broadcast, reduce:       elements of the buffer
 ///   reduce_scatter, all_gather, gather,
 ///   scatter, all_to_all:                 elements of one rank's block (buffers of size() blocks)
-///   all_to_allv:                         per-peer counts instead (see all_to_all.hpp)
+///   all_to_allv:                         per-peer counts instead (see direct.hpp)
 ///   barrier:                             none (0)
 ///   send_recv:                           elements of the message (point to point, two ranks)
 enum class collective : std::uint8_t {
