@@ -377,14 +377,25 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
     if (file.copy_s_per_byte) costs.copy_s_per_byte = *file.copy_s_per_byte;
     costs.source = "file";
   }
-  const std::size_t max_slice = i.transport->max_slice_bytes();
-  i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec, max_slice);  // for the probe's own calls
+  // Both ends of a message cut it into the same slices, so every rank must use the smallest
+  // frame any rank's transport takes (a rank alone on its node has no shared memory).
+  if (info.size > 1) {
+    std::array<std::uint64_t, 1> max_slice{std::min<std::uint64_t>(i.transport->max_slice_bytes(), detail::max_frame_payload)};
+    i.exec.set_max_slice(max_slice[0]);  // so far: enough for this one small all_reduce
+    c.all_reduce(std::span<std::uint64_t>(max_slice), {.op = reduce_op::min, .algorithm = algo::ring});
+    i.opts.exec.max_slice_bytes = static_cast<std::size_t>(max_slice[0]);
+    i.exec.set_max_slice(i.opts.exec.max_slice_bytes);
+  } else {
+    i.opts.exec.max_slice_bytes = std::min<std::size_t>(i.transport->max_slice_bytes(), detail::max_frame_payload);
+    i.exec.set_max_slice(i.opts.exec.max_slice_bytes);
+  }
+  i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec);  // for the probe's own calls
   if (costs.source == "defaults" && opts.tuning.probe && info.size > 1) {
     const std::string signature = i.transport->name() + "/" + i.topo.describe() + "/slice " +
                                   std::to_string(i.opts.exec.slice_bytes) + "/window " +
                                   std::to_string(i.opts.exec.window);
     costs = detail::job_costs(c, *i.st, *i.root_store, *i.store_lock, signature, costs);
-    i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec, max_slice);
+    i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec);
   }
   if (info.rank == 0) detail::log(detail::log_level::info, 0, "tuner costs: " + costs.describe());
   return c;
@@ -542,11 +553,6 @@ inline request communicator::barrier_async() {
   return p_->submit("barrier", detail::op_desc::of(collective::barrier, nullptr, nullptr, 0, dtype::uint8, sum, algo::automatic), true);
 }
 inline void communicator::barrier() {
-  if (!implements(collective::barrier, algo::dissemination)) {  // TEMPORARY until barrier.hpp lands
-    std::uint8_t token = 0;
-    all_reduce(&token, &token, 1, dtype::uint8, {.op = reduce_op::max});
-    return;
-  }
   p_->submit("barrier", detail::op_desc::of(collective::barrier, nullptr, nullptr, 0, dtype::uint8, sum, algo::automatic), false);
 }
 

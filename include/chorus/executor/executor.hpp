@@ -29,6 +29,9 @@ struct executor_options {
   std::size_t slice_bytes = 2 << 20;  ///< CHORUS_SLICE_BYTES: largest frame payload, >= 4 KiB
   std::size_t window = 8;             ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs) per peer, 1..64
   std::chrono::microseconds spin{50};    ///< CHORUS_SPIN_US: poll this long before sleeping
+  /// The largest frame every rank's transport takes (the communicator agrees it at start:
+  /// a shared-memory ring holds a few slices, and both ends must cut messages alike).
+  std::size_t max_slice_bytes = 64u << 20;
 };
 
 /// The buffers of one operation and how to combine elements.
@@ -51,18 +54,23 @@ struct executor_job {
 
 namespace detail {
 
-/// The slice size the executor cuts a schedule's regions into: the largest region in at least
-/// 4 slices so that consecutive steps overlap, but no smaller than 64 KiB (per-frame costs) and
-/// no larger than `slice_bytes` or what the transport takes; a whole number of elements. The
-/// simulator prices schedules with the same cut.
-inline std::size_t slice_for(const schedule& s, std::size_t elem_size, std::size_t slice_bytes,
-                             std::size_t transport_max) {
-  std::size_t largest = 0;
-  for (const step& st : s.steps) {
-    largest = std::max({largest, st.send_from.count, st.recv_into.count});
-  }
-  const std::size_t wanted = std::min(
-      {std::max<std::size_t>(largest * elem_size / 4, 64 * 1024), slice_bytes, transport_max});
+/// The slice size the executor cuts an operation's regions into. Both ends of every
+/// message must cut it alike (a frame's length is checked against the receive's), so the
+/// size depends only on what every rank knows of the call, never on this rank's schedule:
+/// a quarter of the call's typical region (all_reduce: the ring's chunk, count / P; the
+/// block collectives: one block; the others: the buffer), so that consecutive steps overlap
+/// slice by slice, but no smaller than 64 KiB (per-frame costs) and no larger than
+/// `slice_bytes` or what the transports take (max_slice, agreed by every rank); a whole
+/// number of elements. all_to_allv, whose blocks differ per rank, cuts at the largest size.
+/// The simulator prices schedules with the same cut.
+inline std::size_t slice_for(collective kind, std::size_t count, int nranks, std::size_t elem_size,
+                             std::size_t slice_bytes, std::size_t max_slice) {
+  const std::size_t cap = std::min(slice_bytes, max_slice);
+  std::size_t typical = count * elem_size;
+  if (kind == collective::all_reduce) typical /= static_cast<std::size_t>(std::max(1, nranks));
+  const std::size_t wanted =
+      kind == collective::all_to_allv ? cap
+                                      : std::min(std::max<std::size_t>(typical / 4, 64 * 1024), cap);
   return std::max<std::size_t>(1, wanted / elem_size) * elem_size;
 }
 
@@ -82,6 +90,9 @@ class executor {
     opts_.slice_bytes = std::max<std::size_t>(opts_.slice_bytes, 4096);
     opts_.window = std::clamp<std::size_t>(opts_.window, 1, 64);
   }
+
+  /// Sets the largest frame: the smallest any rank's transport takes (see executor_options).
+  void set_max_slice(std::size_t bytes) { opts_.max_slice_bytes = std::max<std::size_t>(bytes, 1); }
 
   /// Runs `s` to completion, or throws chorus::error naming the operation and the peer.
   void run(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b,
@@ -263,8 +274,8 @@ inline void executor::plan(std::span<const executor_job> jobs) {
   for (std::uint32_t ji = 0; ji < jobs.size(); ++ji) {
     const executor_job& j = jobs[ji];
     const schedule& s = *j.sched;
-    const std::size_t slice = detail::slice_for(s, j.buffers.elem_size, opts_.slice_bytes,
-                                                transport_.max_slice_bytes());
+    const std::size_t slice = detail::slice_for(j.fp.kind, j.fp.count, s.nranks, j.buffers.elem_size,
+                                                opts_.slice_bytes, opts_.max_slice_bytes);
     if (slice > detail::max_frame_payload) {
       throw error(errc::invalid_argument, "a slice of " + std::to_string(slice) +
                                               " bytes exceeds the largest frame");

@@ -77,18 +77,18 @@ inline schedule binomial_reduce(int rank, int nranks, std::size_t count, int roo
   const int v = wrap(rank - root, nranks);
   auto real = [&](int u) { return wrap(u + root, nranks); };
   const int span = detail::binomial_span(v, nranks);
-  const region sum = v == 0 ? region{buffer_id::output, 0, count} : region{buffer_id::scratch, 0, count};
+  const region partial = v == 0 ? region{buffer_id::output, 0, count} : region{buffer_id::scratch, 0, count};
   bool reduced = false;
   for (int d = 1; d < span; d *= 2) {
-    s.steps.push_back(step{.recv_peer = real(v + d), .action = recv_action::reduce, .recv_into = sum,
-                           .reduce_with = reduced ? sum : in});
+    s.steps.push_back(step{.recv_peer = real(v + d), .action = recv_action::reduce, .recv_into = partial,
+                           .reduce_with = reduced ? partial : in});
     reduced = true;
   }
   if (v != 0) {
-    s.steps.push_back(step{.send_peer = real(v - (v & -v)), .send_from = reduced ? sum : in});
+    s.steps.push_back(step{.send_peer = real(v - (v & -v)), .send_from = reduced ? partial : in});
     if (reduced) s.scratch_count = count;
   } else if (!reduced) {  // P == 1
-    s.steps.push_back(step{.action = recv_action::copy, .recv_into = sum, .reduce_with = in});
+    s.steps.push_back(step{.action = recv_action::copy, .recv_into = partial, .reduce_with = in});
   }
   return s;
 }

@@ -46,7 +46,7 @@ inline schedule chain_reduce(int rank, int nranks, std::size_t count, int root) 
   schedule s = new_schedule(collective::reduce, algo::chain, rank, nranks, root);
   const region in{buffer_id::input, 0, count};
   const region out{buffer_id::output, 0, count};
-  const region sum{buffer_id::scratch, 0, count};
+  const region partial{buffer_id::scratch, 0, count};
   const int v = wrap(rank - root, nranks);
   const int prev = wrap(rank - 1, nranks);  // toward the root
   const int next = wrap(rank + 1, nranks);  // away from it
@@ -59,9 +59,9 @@ inline schedule chain_reduce(int rank, int nranks, std::size_t count, int root) 
     s.steps.push_back(step{.send_peer = prev, .send_from = in});
   } else {
     s.scratch_count = count;
-    s.steps.push_back(step{.recv_peer = next, .action = recv_action::reduce, .recv_into = sum,
+    s.steps.push_back(step{.recv_peer = next, .action = recv_action::reduce, .recv_into = partial,
                            .reduce_with = in});
-    s.steps.push_back(step{.send_peer = prev, .send_from = sum});
+    s.steps.push_back(step{.send_peer = prev, .send_from = partial});
   }
   return s;
 }

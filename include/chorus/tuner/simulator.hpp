@@ -46,8 +46,7 @@ struct sim_network {
   double oversubscription = 1;
   double reduce_s_per_byte = 0;  ///< gamma: applying a reduction, per byte, on the receiver's core
   double copy_s_per_byte = 0;    ///< a local copy step, per byte
-  executor_options exec{};       ///< the executor's slice and window (its defaults)
-  std::size_t max_slice_bytes = SIZE_MAX;  ///< the transport's cap (shared memory rings)
+  executor_options exec{};       ///< the executor's slice, window and transports' cap
 
   int size() const { return static_cast<int>(node_of.size()); }
   /// Every rank on its own node (`per_node` 1) or nodes of `per_node` ranks, in rank order.
@@ -419,7 +418,7 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
                                              .algorithm = call.algorithm,
                                              .count = call.count,
                                              .root = rooted(call.kind) ? call.root : -1});
-    progs.push_back(detail::make_program(s, call.elem_size, net.exec, net.max_slice_bytes, call.in_place));
+    progs.push_back(detail::make_program(s, call.count, call.elem_size, net.exec, call.in_place));
   }
   detail::sim_engine e(net, std::move(progs));
   return e.run();

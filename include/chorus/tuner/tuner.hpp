@@ -107,17 +107,15 @@ class tuner {
  public:
   tuner() = default;
   tuner(const topology& topo, cost_model costs, std::vector<tuning_rule> rules,
-        executor_options exec, std::size_t max_slice_bytes)
-      : topo_(topo), costs_(std::move(costs)), rules_(std::move(rules)), exec_(exec),
-        max_slice_(max_slice_bytes) {}
-  tuner(const tuner& o) : topo_(o.topo_), costs_(o.costs_), rules_(o.rules_), exec_(o.exec_), max_slice_(o.max_slice_) {}
+        executor_options exec)
+      : topo_(topo), costs_(std::move(costs)), rules_(std::move(rules)), exec_(exec) {}
+  tuner(const tuner& o) : topo_(o.topo_), costs_(o.costs_), rules_(o.rules_), exec_(o.exec_) {}
   tuner& operator=(const tuner& o) {
     if (this != &o) {
       topo_ = o.topo_;
       costs_ = o.costs_;
       rules_ = o.rules_;
       exec_ = o.exec_;
-      max_slice_ = o.max_slice_;
       std::lock_guard lk(m_);
       picks_.clear();
     }
@@ -170,7 +168,6 @@ class tuner {
     net.reduce_s_per_byte = costs_.reduce_s_per_byte;
     net.copy_s_per_byte = costs_.copy_s_per_byte;
     net.exec = exec_;
-    net.max_slice_bytes = max_slice_;
     return net;
   }
 
@@ -218,7 +215,6 @@ class tuner {
   cost_model costs_;
   std::vector<tuning_rule> rules_;
   executor_options exec_{};
-  std::size_t max_slice_ = SIZE_MAX;
   mutable std::mutex m_;
   mutable std::map<std::tuple<collective, std::size_t, std::size_t>, algo> picks_;
 };

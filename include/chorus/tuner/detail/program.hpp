@@ -80,14 +80,15 @@ struct sim_program {
   };
 };
 
-/// Builds the program of schedule `s` as the executor would run it with `elem_size`-byte
-/// elements: the same slice size (slice_for) and the same hazards (hazard_table), found from
-/// addresses the buffers would have (input and output apart, or aliased when `in_place`).
-inline sim_program make_program(const schedule& s, std::size_t elem_size,
-                                const executor_options& opts, std::size_t transport_max,
-                                bool in_place = false) {
+/// Builds the program of schedule `s` (for a call of `count` elements of `elem_size` bytes) as
+/// the executor would run it: the same slice size (slice_for) and the same hazards
+/// (hazard_table), found from addresses the buffers would have (input and output apart, or
+/// aliased when `in_place`).
+inline sim_program make_program(const schedule& s, std::size_t count, std::size_t elem_size,
+                                const executor_options& opts, bool in_place = false) {
   sim_program p;
-  const std::size_t unit = slice_for(s, elem_size, opts.slice_bytes, transport_max);
+  const std::size_t unit =
+      slice_for(s.kind, count, s.nranks, elem_size, opts.slice_bytes, opts.max_slice_bytes);
   // Far-apart bases: no two buffers overlap unless in place.
   constexpr std::uintptr_t input_base = std::uintptr_t{1} << 40;
   const std::uintptr_t output_base = in_place ? input_base : std::uintptr_t{2} << 40;
