@@ -56,18 +56,29 @@ namespace detail {
 
 /// The slice size the executor cuts an operation's regions into. Both ends of every
 /// message must cut it alike (a frame's length is checked against the receive's), so the
-/// size depends only on what every rank knows of the call, never on this rank's schedule:
-/// a quarter of the call's typical region (all_reduce: the ring's chunk, count / P; the
-/// block collectives: one block; the others: the buffer), so that consecutive steps overlap
-/// slice by slice, but no smaller than 64 KiB (per-frame costs) and no larger than
-/// `slice_bytes` or what the transports take (max_slice, agreed by every rank); a whole
-/// number of elements. all_to_allv, whose blocks differ per rank, cuts at the largest size.
-/// The simulator prices schedules with the same cut.
-inline std::size_t slice_for(collective kind, std::size_t count, int nranks, std::size_t elem_size,
-                             std::size_t slice_bytes, std::size_t max_slice) {
+/// size depends only on what every rank knows of the call (collective, algorithm, count,
+/// ranks), never on this rank's schedule: a quarter of the algorithm's typical region, so
+/// that consecutive steps overlap slice by slice. The typical region is the ring's chunk
+/// (count / P) for ring and hierarchical all-reduce, a tree's half buffer over its depth for
+/// the tree (its pipeline is as deep as the tree), half the buffer for halving-doubling, one
+/// block for the block collectives, the buffer otherwise. Slices are no smaller than 64 KiB
+/// (per-frame costs), no larger than `slice_bytes` or what the transports take (max_slice,
+/// agreed by every rank), and a whole number of elements. all_to_allv, whose blocks differ
+/// per rank, cuts at the largest size. The simulator prices schedules with the same cut.
+inline std::size_t slice_for(collective kind, algo a, std::size_t count, int nranks,
+                             std::size_t elem_size, std::size_t slice_bytes, std::size_t max_slice) {
   const std::size_t cap = std::min(slice_bytes, max_slice);
+  const auto n = static_cast<std::size_t>(std::max(1, nranks));
   std::size_t typical = count * elem_size;
-  if (kind == collective::all_reduce) typical /= static_cast<std::size_t>(std::max(1, nranks));
+  if (kind == collective::all_reduce) {
+    if (a == algo::ring || a == algo::hierarchical) typical /= n;
+    if (a == algo::halving_doubling) typical /= 2;
+    if (a == algo::tree) {
+      std::size_t depth = 1;
+      while ((std::size_t{1} << depth) < n) ++depth;
+      typical /= 2 * depth;
+    }
+  }
   const std::size_t wanted =
       kind == collective::all_to_allv ? cap
                                       : std::min(std::max<std::size_t>(typical / 4, 64 * 1024), cap);
@@ -274,8 +285,9 @@ inline void executor::plan(std::span<const executor_job> jobs) {
   for (std::uint32_t ji = 0; ji < jobs.size(); ++ji) {
     const executor_job& j = jobs[ji];
     const schedule& s = *j.sched;
-    const std::size_t slice = detail::slice_for(j.fp.kind, j.fp.count, s.nranks, j.buffers.elem_size,
-                                                opts_.slice_bytes, opts_.max_slice_bytes);
+    const std::size_t slice =
+        detail::slice_for(j.fp.kind, j.fp.algorithm, j.fp.count, s.nranks, j.buffers.elem_size,
+                          opts_.slice_bytes, opts_.max_slice_bytes);
     if (slice > detail::max_frame_payload) {
       throw error(errc::invalid_argument, "a slice of " + std::to_string(slice) +
                                               " bytes exceeds the largest frame");

@@ -99,14 +99,26 @@ class sim_engine {
     const int n = net_.size();
     for (int r = 0; r < n; ++r) wake(r, 0.0);
     while (!events_.empty()) {
-      const auto [t, r] = events_.top();
-      events_.pop();
-      ++result_.events;
+      // Apply every event of one rank at one time, then visit the rank once.
+      const double t = events_.front().at;
+      const int r = events_.front().rank;
       rank_state& rs = ranks_[static_cast<std::size_t>(r)];
-      // Several wake-ups for one rank at one time need one visit.
-      if (-t == rs.now && rs.visited) continue;
-      rs.now = -t;
-      rs.visited = true;
+      rs.now = t;
+      do {
+        std::pop_heap(events_.begin(), events_.end(), later{});
+        const event e = events_.back();
+        events_.pop_back();
+        ++result_.events;
+        if (e.kind == event_kind::wake) continue;
+        step_rt* st = live_step(rs, e.step);
+        if (e.kind == event_kind::sent) {
+          ++st->send_done;
+          --rs.peers[e.peer].in_flight;
+        } else {
+          ++st->recv_done;
+        }
+        rs.finished = std::max(rs.finished, t);
+      } while (!events_.empty() && events_.front().at == t && events_.front().rank == r);
       advance(r);
     }
     for (int r = 0; r < n; ++r) {
@@ -138,40 +150,63 @@ class sim_engine {
     std::uint64_t bytes;
   };
   struct peer_rt {
+    int rank = -1;
     std::deque<std::uint64_t> sends, recvs;  // discovered steps with this peer, in order
     std::uint32_t in_flight = 0;
     std::deque<arrival> arrived;  // slices the peer sent us, in its order
+    bool idle() const { return sends.empty() && recvs.empty() && in_flight == 0 && arrived.empty(); }
   };
-  struct pending {  // a completion that lands at a known future time
+  /// The peers a rank has business with now. Few at a time for every algorithm (all-to-all's
+  /// are bounded by the lookahead), so a vector searched linearly, with idle peers dropped,
+  /// beats a hash map here.
+  struct peer_list {
+    std::vector<peer_rt> v;
+    peer_rt& operator[](int rank) {
+      for (auto& p : v) {
+        if (p.rank == rank) return p;
+      }
+      v.emplace_back().rank = rank;
+      return v.back();
+    }
+    void drop_idle() {
+      std::erase_if(v, [](const peer_rt& p) { return p.idle(); });
+    }
+  };
+  enum class event_kind : std::uint8_t { wake, sent, applied };
+  /// Something that happens to a rank at a known time: a send it posted is done (its window
+  /// slot frees), a receive or copy step's slice is applied, or just a look (an arrival).
+  struct event {
     double at;
-    std::uint64_t step;
-    int kind;  // 0 send done, 1 recv applied, 2 copy done
+    int rank;
+    event_kind kind;
     int peer;
+    std::uint64_t step;
   };
+  /// Heap order: earliest first, and one rank's events at one time together.
   struct later {
-    bool operator()(const pending& a, const pending& b) const { return a.at > b.at; }
+    bool operator()(const event& a, const event& b) const {
+      return a.at > b.at || (a.at == b.at && a.rank > b.rank);
+    }
   };
   struct rank_state {
     std::optional<sim_program::cursor> cur;
     std::uint64_t base = 0;       // steps below base are complete
     std::uint64_t frontier = 0;   // steps discovered
     std::deque<step_rt> live;     // steps [base, frontier)
-    std::unordered_map<int, peer_rt> peers;
+    peer_list peers;
     std::deque<std::uint64_t> copies;
-    std::priority_queue<pending, std::vector<pending>, later> done;
     double now = 0;
-    bool visited = false;  // advance() ran at `now` (and anything new at `now` woke us again)
     double finished = 0;
   };
 
   static constexpr std::uint64_t lookahead = 256;
   static constexpr std::uint64_t whole = std::numeric_limits<std::uint64_t>::max();
 
-  void wake(int r, double t) {
-    rank_state& rs = ranks_[static_cast<std::size_t>(r)];
-    if (t == rs.now) rs.visited = false;  // news at the current time: visit once more
-    events_.push({-t, r});
+  void push(const event& e) {
+    events_.push_back(e);
+    std::push_heap(events_.begin(), events_.end(), later{});
   }
+  void wake(int r, double t) { push({t, r, event_kind::wake, -1, 0}); }
 
   step_rt* live_step(rank_state& rs, std::uint64_t i) {
     if (i < rs.base || i >= rs.frontier) return nullptr;
@@ -281,19 +316,6 @@ class sim_engine {
   void advance(int r) {
     rank_state& rs = ranks_[static_cast<std::size_t>(r)];
     const double now = rs.now;
-    // Completions that are due.
-    while (!rs.done.empty() && rs.done.top().at <= now) {
-      const pending p = rs.done.top();
-      rs.done.pop();
-      step_rt* s = live_step(rs, p.step);
-      if (p.kind == 0) {
-        ++s->send_done;
-        --rs.peers[p.peer].in_flight;
-      } else {
-        ++s->recv_done;
-      }
-      rs.finished = std::max(rs.finished, p.at);
-    }
     for (bool moved = true; moved;) {
       moved = false;
       while (!rs.live.empty() && complete(rs.live.front())) {
@@ -314,18 +336,18 @@ class sim_engine {
         s.copied = true;
         const double end = reserve(cpu_[static_cast<std::size_t>(r)], now,
                                    static_cast<double>(s.st->recv_bytes) * net_.copy_s_per_byte);
-        schedule(r, {end, i, 2, -1});
+        push({end, r, event_kind::applied, -1, i});
         rs.copies.pop_front();
         moved = true;
       }
-      for (auto& [peer, ps] : rs.peers) moved = serve_peer(r, rs, peer, ps, now) || moved;
+      // serve_peer may add peers to other ranks' lists, never to ours.
+      for (std::size_t j = 0; j < rs.peers.v.size(); ++j) {
+        moved = serve_peer(r, rs, rs.peers.v[j].rank, rs.peers.v[j], now) || moved;
+      }
     }
+    rs.peers.drop_idle();
   }
 
-  void schedule(int r, pending p) {
-    ranks_[static_cast<std::size_t>(r)].done.push(p);
-    wake(r, p.at);
-  }
 
   bool serve_peer(int r, rank_state& rs, int peer, peer_rt& ps, double now) {
     bool moved = false;
@@ -345,7 +367,7 @@ class sim_engine {
       const auto [sent, a] = transfer(r, peer, now, len);
       ++s.send_posted;
       ++ps.in_flight;
-      schedule(r, {sent, i, 0, peer});
+      push({sent, r, event_kind::sent, peer, i});
       ranks_[static_cast<std::size_t>(peer)].peers[r].arrived.push_back(a);
       wake(peer, a.at);
       moved = true;
@@ -368,7 +390,7 @@ class sim_engine {
       ++s.recv_taken;
       const double work = receive_work(peer, r, a.bytes, reducing);
       const double end = std::max(work > 0 ? reserve(cpu_[static_cast<std::size_t>(r)], now, work) : now, a.sent);
-      schedule(r, {end, i, 1, peer});
+      push({end, r, event_kind::applied, peer, i});
       moved = true;
     }
     return moved;
@@ -378,7 +400,7 @@ class sim_engine {
   std::vector<sim_program> progs_;
   std::vector<rank_state> ranks_;
   std::vector<sim_port> cpu_, nic_tx_, nic_rx_, up_, down_;
-  std::priority_queue<std::pair<double, int>> events_;  // (-time, rank): earliest first
+  std::vector<event> events_;  // a heap (later)
   sim_result result_;
 };
 

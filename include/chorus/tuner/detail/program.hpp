@@ -88,7 +88,7 @@ inline sim_program make_program(const schedule& s, std::size_t count, std::size_
                                 const executor_options& opts, bool in_place = false) {
   sim_program p;
   const std::size_t unit =
-      slice_for(s.kind, count, s.nranks, elem_size, opts.slice_bytes, opts.max_slice_bytes);
+      slice_for(s.kind, s.algorithm, count, s.nranks, elem_size, opts.slice_bytes, opts.max_slice_bytes);
   // Far-apart bases: no two buffers overlap unless in place.
   constexpr std::uintptr_t input_base = std::uintptr_t{1} << 40;
   const std::uintptr_t output_base = in_place ? input_base : std::uintptr_t{2} << 40;

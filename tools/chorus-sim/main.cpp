@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+// chorus-sim: predicts the time and bus bandwidth of a collective for each of its algorithms
+// by running their real schedules, rank by rank, over a simulated cluster (chorus/tuner/
+// simulator.hpp), from 1 to tens of thousands of ranks, in one process.
+//
+// Usage: chorus-sim --ranks N [--topology flat | nodes:M | fattree:M:L:O] [--collective C]
+//                   [--algo A,B,...] [-b BYTES] [-e BYTES] [-f FACTOR] [--root R] [--dtype T]
+//                   [--intra US:GBPS] [--inter US:GBPS] [--reduce GBPS] [--copy GBPS]
+//                   [--costs FILE] [--cpu] [--json FILE]
+//
+//   $ chorus-sim --ranks 1024 --topology nodes:8 -b 1M -e 64M -f 64
+//   # chorus-sim: all_reduce, 1024 ranks (128 nodes x 8 ranks), ...
+//   #        size  ring time  busbw  tree time  busbw  ...  best
+//       1048576     ...
+//
+// Topologies: `flat`, one rank per node, every node on one non-blocking switch; `nodes:M`,
+// nodes of M ranks on one switch; `fattree:M:L:O`, nodes of M ranks, L nodes per leaf switch,
+// leaf uplinks oversubscribed O:1. Ranks of a node share memory (--intra: each rank's port)
+// and the node's NIC (--inter: latency and the NIC's GB/s each way); with --cpu, inter-node
+// transfers are priced on the ranks' cores instead (TCP between processes of one machine, as
+// the tuner prices it). Sizes follow nccl-tests: bytes of the call's largest buffer, busbw in
+// DESIGN.md's units. Exit status: 0, or 2 for a bad command line.
+
+#include <chorus/collectives.hpp>
+#include <chorus/tuner/simulator.hpp>
+#include <chorus/tuner/tuner.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  int ranks = 0;
+  int per_node = 1;
+  int nodes_per_leaf = 0;
+  double oversubscription = 1;
+  std::string topology = "flat";
+  chorus::collective kind = chorus::collective::all_reduce;
+  std::vector<chorus::algo> algos;
+  std::size_t min_bytes = 8, max_bytes = std::size_t{256} << 20;
+  double factor = 8;
+  int root = 0;
+  chorus::dtype type = chorus::dtype::float32;
+  // Assumed costs of a cluster node (documented in --help): shared memory inside a node,
+  // a 200 Gb/s NIC per node between nodes.
+  chorus::link_cost intra{0.5e-6, 0.5 / 20e9, 0.5 / 20e9};
+  chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9};
+  double reduce_s_per_byte = 1.0 / 20e9, copy_s_per_byte = 1.0 / 20e9;
+  bool cpu = false;
+  std::string json;
+};
+
+void help() {
+  std::printf(
+      "usage: chorus-sim --ranks N [flags]\n"
+      "  --ranks N              ranks to simulate (1 .. 65536)\n"
+      "  --topology T           flat (default) | nodes:M | fattree:M:L:O (M ranks per node, L nodes\n"
+      "                         per leaf switch, uplinks oversubscribed O:1)\n"
+      "  --collective C         all_reduce (default), reduce_scatter, all_gather, broadcast, reduce,\n"
+      "                         all_to_all, gather, scatter, barrier\n"
+      "  --algo A,B             algorithms to compare (default: every one the collective has)\n"
+      "  -b, -e, -f             smallest and largest size in bytes (K/M/G suffixes), factor\n"
+      "                         (defaults 8, 256M, 8)\n"
+      "  --root R, --dtype T    rooted collectives' root (0); element type (float)\n"
+      "  --intra US:GBPS        inside a node: latency and GB/s each way per rank (0.5:20)\n"
+      "  --inter US:GBPS        between nodes: latency and the node NIC's GB/s each way (5:25)\n"
+      "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
+      "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
+      "  --cpu                  price inter-node transfers on the ranks' cores (TCP on one machine)\n"
+      "  --json FILE            also write the rows as JSON\n");
+}
+
+std::size_t parse_size(std::string_view flag, std::string_view v) {
+  const auto b = chorus::detail::parse_bytes(v);
+  if (!b) throw usage_error(std::string(flag) + " wants a size such as 8, 64K or 256M, not '" + std::string(v) + "'");
+  return *b;
+}
+
+double parse_positive(std::string_view flag, const std::string& v) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0' || !(d > 0) || d > 1e12) {
+    throw usage_error(std::string(flag) + " wants a positive number, not '" + v + "'");
+  }
+  return d;
+}
+
+int parse_int(std::string_view flag, const std::string& v, int lo, int hi) {
+  char* end = nullptr;
+  const long d = std::strtol(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || d < lo || d > hi) {
+    throw usage_error(std::string(flag) + " wants a whole number in [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "], not '" + v + "'");
+  }
+  return static_cast<int>(d);
+}
+
+chorus::link_cost parse_link(std::string_view flag, const std::string& v) {
+  const auto colon = v.find(':');
+  if (colon == std::string::npos) throw usage_error(std::string(flag) + " wants LATENCY_US:GBPS, not '" + v + "'");
+  const double us = parse_positive(flag, v.substr(0, colon));
+  const double gbps = parse_positive(flag, v.substr(colon + 1));
+  return {us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps};
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (;;) {
+    const auto next = s.find(sep, at);
+    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) return out;
+    at = next + 1;
+  }
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "-h" || a == "--help") {
+      help();
+      std::exit(0);
+    }
+    if (a == "--cpu") {
+      o.cpu = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw usage_error(std::string(a) + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (a == "--ranks") {
+      o.ranks = parse_int(a, v, 1, 65536);
+    } else if (a == "--topology") {
+      o.topology = v;
+      const auto parts = split(v, ':');
+      if (parts[0] == "flat" && parts.size() == 1) {
+        o.per_node = 1;
+      } else if (parts[0] == "nodes" && parts.size() == 2) {
+        o.per_node = parse_int("--topology nodes:M", parts[1], 1, 65536);
+      } else if (parts[0] == "fattree" && parts.size() == 4) {
+        o.per_node = parse_int("--topology fattree:M", parts[1], 1, 65536);
+        o.nodes_per_leaf = parse_int("--topology fattree:M:L", parts[2], 1, 65536);
+        o.oversubscription = parse_positive("--topology fattree:M:L:O", parts[3]);
+      } else {
+        throw usage_error("--topology wants flat, nodes:M or fattree:M:L:O, not '" + v + "'");
+      }
+    } else if (a == "--collective") {
+      const auto c = chorus::parse_collective(v);
+      if (!c || *c == chorus::collective::send_recv || *c == chorus::collective::all_to_allv) {
+        throw usage_error("--collective: '" + v + "' is not a collective chorus-sim prices");
+      }
+      o.kind = *c;
+    } else if (a == "--algo") {
+      for (const auto& name : split(v, ',')) {
+        const auto al = chorus::parse_algo(name);
+        if (!al || *al == chorus::algo::automatic) throw usage_error("--algo: '" + name + "' is not an algorithm");
+        o.algos.push_back(*al);
+      }
+    } else if (a == "-b") {
+      o.min_bytes = parse_size(a, v);
+    } else if (a == "-e") {
+      o.max_bytes = parse_size(a, v);
+    } else if (a == "-f") {
+      o.factor = parse_positive(a, v);
+    } else if (a == "--root") {
+      o.root = parse_int(a, v, 0, 65535);
+    } else if (a == "--dtype") {
+      bool found = false;
+      for (int t = 0; t < chorus::dtype_count; ++t) {
+        if (v == chorus::to_string(static_cast<chorus::dtype>(t)) ||
+            (v == "float" && t == 0) || (v == "double" && t == 1) || (v == "half" && t == 2)) {
+          o.type = static_cast<chorus::dtype>(t);
+          found = true;
+        }
+      }
+      if (!found) throw usage_error("--dtype: '" + v + "' is not a dtype");
+    } else if (a == "--intra") {
+      o.intra = parse_link(a, v);
+    } else if (a == "--inter") {
+      o.inter = parse_link(a, v);
+    } else if (a == "--reduce") {
+      o.reduce_s_per_byte = 1e-9 / parse_positive(a, v);
+    } else if (a == "--copy") {
+      o.copy_s_per_byte = 1e-9 / parse_positive(a, v);
+    } else if (a == "--costs") {
+      const chorus::tuning_file f = chorus::tuning_file::load(v);
+      if (f.intra) o.intra = *f.intra;
+      if (f.inter) o.inter = *f.inter;
+      if (f.reduce_s_per_byte) o.reduce_s_per_byte = *f.reduce_s_per_byte;
+      if (f.copy_s_per_byte) o.copy_s_per_byte = *f.copy_s_per_byte;
+    } else if (a == "--json") {
+      o.json = v;
+    } else {
+      throw usage_error("unknown flag '" + std::string(a) + "' (see --help)");
+    }
+  }
+  if (o.ranks == 0) throw usage_error("--ranks is required (see --help)");
+  if (o.min_bytes > o.max_bytes) throw usage_error("-b is larger than -e");
+  if (o.factor <= 1 && o.min_bytes != o.max_bytes) throw usage_error("-f must be > 1");
+  if (o.root >= o.ranks) throw usage_error("--root must be a rank below --ranks");
+  if (o.ranks % o.per_node != 0) throw usage_error("--ranks must be a multiple of the ranks per node");
+  if (o.algos.empty()) {
+    for (chorus::algo al : chorus::algorithms_for(o.kind)) o.algos.push_back(al);
+  }
+  for (chorus::algo al : o.algos) {
+    if (!chorus::implements(o.kind, al)) {
+      throw usage_error(std::string(chorus::to_string(o.kind)) + " has no " + std::string(chorus::to_string(al)) + " algorithm");
+    }
+  }
+  return o;
+}
+
+/// nccl-tests' units: the call's count from the size, and the bus factor.
+std::size_t count_for(chorus::collective k, std::size_t bytes, std::size_t es, int n) {
+  const auto nn = static_cast<std::size_t>(n);
+  switch (k) {
+    case chorus::collective::reduce_scatter:
+    case chorus::collective::all_gather:
+    case chorus::collective::all_to_all:
+    case chorus::collective::gather:
+    case chorus::collective::scatter: return bytes / es / nn;
+    case chorus::collective::barrier: return 0;
+    default: return bytes / es;
+  }
+}
+
+double bus_factor(chorus::collective k, int n) {
+  const double nn = n;
+  switch (k) {
+    case chorus::collective::all_reduce: return 2 * (nn - 1) / nn;
+    case chorus::collective::reduce_scatter:
+    case chorus::collective::all_gather:
+    case chorus::collective::all_to_all:
+    case chorus::collective::gather:
+    case chorus::collective::scatter: return (nn - 1) / nn;
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus-sim: %s\n", e.what());
+    return 2;
+  }
+  chorus::sim_network net;
+  net.node_of = chorus::sim_network::nodes_of(o.ranks, o.per_node);
+  net.intra = o.intra;
+  net.inter = o.inter;
+  net.inter_on_cpu = o.cpu;
+  net.nodes_per_leaf = o.nodes_per_leaf;
+  net.oversubscription = o.oversubscription;
+  net.reduce_s_per_byte = o.reduce_s_per_byte;
+  net.copy_s_per_byte = o.copy_s_per_byte;
+  const std::size_t es = chorus::size_of(o.type);
+  const int nodes = (o.ranks + o.per_node - 1) / o.per_node;
+
+  std::printf("# chorus-sim: %s, %d ranks (%d nodes x %d ranks%s), %s\n",
+              std::string(chorus::to_string(o.kind)).c_str(), o.ranks, nodes, o.per_node,
+              o.nodes_per_leaf > 0 ? (", " + std::to_string(o.nodes_per_leaf) + " nodes per leaf, " +
+                                      std::to_string(o.oversubscription) + ":1 uplinks").c_str()
+                                   : "",
+              std::string(chorus::to_string(o.type)).c_str());
+  std::printf("# intra %.2f us + %.1f GB/s per rank, inter %.2f us + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
+              o.intra.latency_s * 1e6, 1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte),
+              o.inter.latency_s * 1e6,
+              o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
+              o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,
+              1e-9 / o.copy_s_per_byte);
+  std::printf("# %12s", "size (B)");
+  for (chorus::algo a : o.algos) std::printf("  %18s", (std::string(chorus::to_string(a)) + " us|GB/s").c_str());
+  std::printf("  %s\n", "best");
+
+  std::string json = "[";
+  const double bus = bus_factor(o.kind, o.ranks);
+  for (std::size_t bytes = o.min_bytes;;) {
+    const std::size_t count = count_for(o.kind, bytes, es, o.ranks);
+    std::printf("  %12zu", bytes);
+    double best = 0;
+    chorus::algo best_algo = o.algos.front();
+    for (chorus::algo a : o.algos) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const chorus::sim_result r = chorus::simulate(
+          net, {.kind = o.kind, .algorithm = a, .count = count, .elem_size = es, .root = o.root});
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double busbw = r.seconds > 0 ? static_cast<double>(bytes) / r.seconds * bus / 1e9 : 0;
+      std::printf("  %10.1f|%7.2f", r.seconds * 1e6, busbw);
+      std::fflush(stdout);
+      if (best == 0 || r.seconds < best) {
+        best = r.seconds;
+        best_algo = a;
+      }
+      char row[320];
+      std::snprintf(row, sizeof row,
+                    "%s{\"size\": %zu, \"count\": %zu, \"algo\": \"%s\", \"time_us\": %.3f, \"busbw\": %.4f, "
+                    "\"messages\": %llu, \"events\": %llu, \"sim_seconds\": %.3f}",
+                    json.size() > 1 ? ",\n " : "", bytes, count, std::string(chorus::to_string(a)).c_str(),
+                    r.seconds * 1e6, busbw, static_cast<unsigned long long>(r.messages),
+                    static_cast<unsigned long long>(r.events), wall);
+      json += row;
+    }
+    std::printf("  %s\n", std::string(chorus::to_string(best_algo)).c_str());
+    if (bytes >= o.max_bytes) break;
+    const auto next = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor);
+    bytes = std::min(o.max_bytes, std::max(next, bytes + 1));
+  }
+  json += "]\n";
+  if (!o.json.empty()) {
+    std::ofstream(o.json) << json;
+  }
+  return 0;
+}
