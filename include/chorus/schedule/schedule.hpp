@@ -129,6 +129,9 @@ enum class recv_action : std::uint8_t {
 ///  3. Run one step at a time in order, with sends that never block, every rank finishes
 ///     (the symbolic checker in tests/schedule proves it); the executor, which lets steps to
 ///     different peers overlap, then cannot deadlock either.
+///  4. Whatever must happen before what flows through data: the executor orders steps by
+///     the bytes they share and nothing else (a barrier sends a token it received, not an
+///     empty message; see barrier.hpp).
 struct step {
   int send_peer = -1;  ///< -1: this step sends nothing
   region send_from{};

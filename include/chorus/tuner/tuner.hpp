@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "chorus/bootstrap/env.hpp"
+#include "chorus/collectives.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/error.hpp"
 #include "chorus/schedule/build.hpp"

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+// The simulator: every schedule runs to completion, and its times obey the cost model.
+#include <doctest/doctest.h>
+
+#include <chorus/tuner/simulator.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace chorus;
+
+namespace {
+
+/// A network of `n` ranks with one node each (or `node_of`), priced by the arguments.
+sim_network network_of(std::vector<int> node_of, double latency, double s_per_byte,
+                       double reduce = 0) {
+  sim_network net;
+  net.node_of = std::move(node_of);
+  net.intra = {latency, s_per_byte / 2, s_per_byte / 2};
+  net.inter = {latency, s_per_byte, s_per_byte};
+  net.inter_on_cpu = false;
+  net.reduce_s_per_byte = reduce;
+  net.copy_s_per_byte = 0;
+  return net;
+}
+
+std::vector<int> one_per_node(int n) { return sim_network::nodes_of(n, 1); }
+
+bool close(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(std::abs(a), std::abs(b)); }
+
+}  // namespace
+
+TEST_CASE("the simulator runs every algorithm of every collective to completion, 1 to 24 ranks") {
+#if defined(__OPTIMIZE__)
+  constexpr int max_ranks = 24;
+#else
+  constexpr int max_ranks = 12;  // unoptimized sanitizer builds are ~50x slower
+#endif
+  int runs = 0;
+  for (int n = 1; n <= max_ranks; ++n) {
+    for (int per_node : {1, 2, 4}) {
+      sim_network net = network_of(sim_network::nodes_of(n, per_node), 2e-6, 1e-10, 5e-11);
+      net.inter_on_cpu = per_node == 2;  // both ways of pricing inter-node transfers
+      net.nodes_per_leaf = per_node == 4 ? 2 : 0;
+      net.oversubscription = 2;
+      for (int k = 0; k < collective_count; ++k) {
+        const auto c = static_cast<collective>(k);
+        if (c == collective::send_recv || c == collective::all_to_allv) continue;
+        for (algo a : algorithms_for(c)) {
+          for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
+            CAPTURE(n);
+            CAPTURE(per_node);
+            CAPTURE(std::string(to_string(c)));
+            CAPTURE(std::string(to_string(a)));
+            CAPTURE(count);
+            const sim_result r = simulate(net, {.kind = c, .algorithm = a, .count = count, .root = n / 2});
+            CHECK(r.seconds >= 0);
+            CHECK(std::isfinite(r.seconds));
+            if (n > 1 && c != collective::barrier && count > 0) CHECK(r.bytes > 0);
+            ++runs;
+          }
+        }
+      }
+    }
+  }
+  CHECK(runs > 1000);
+}
+
+TEST_CASE("with free bytes, a ring all_reduce takes 2(P-1) latencies and recursive doubling log2(P)") {
+  for (int n : {2, 4, 8, 16}) {
+    const sim_network net = network_of(one_per_node(n), 1e-6, 0.0);
+    const double ring = simulate(net, {.kind = collective::all_reduce, .algorithm = algo::ring, .count = 64}).seconds;
+    const double rd = simulate(net, {.kind = collective::all_reduce, .algorithm = algo::recursive_doubling, .count = 64}).seconds;
+    const double barrier = simulate(net, {.kind = collective::barrier, .algorithm = algo::dissemination}).seconds;
+    CAPTURE(n);
+    CHECK(close(ring, 2.0 * (n - 1) * 1e-6, 1e-9));
+    CHECK(close(rd, std::log2(n) * 1e-6, 1e-9));
+    CHECK(close(barrier, std::log2(n) * 1e-6, 1e-9));
+  }
+}
+
+TEST_CASE("with no latency, a ring all_reduce is bound by the bytes each NIC sends: 2(P-1)/P of the buffer") {
+  for (int n : {2, 4, 8}) {
+    const double s_per_byte = 1e-9;
+    const std::size_t count = std::size_t{1} << 22;  // 16 MiB of float
+    const sim_network net = network_of(one_per_node(n), 0.0, s_per_byte);
+    const double t = simulate(net, {.kind = collective::all_reduce, .algorithm = algo::ring, .count = count}).seconds;
+    const double wire = 2.0 * (n - 1) / n * static_cast<double>(count * 4) * s_per_byte;
+    CAPTURE(n);
+    CHECK(t >= wire * (1 - 1e-9));
+    CHECK(t <= wire * 1.05);  // slices pipeline: only the first slice's time is not overlapped
+  }
+}
+
+TEST_CASE("ranks that share a NIC share its bandwidth, and ranks on the cores do not") {
+  // A ring over 4 ranks where every edge crosses nodes: with two ranks per node, each NIC
+  // carries two streams at once.
+  const std::size_t count = std::size_t{1} << 22;
+  auto time_of = [&](std::vector<int> node_of, bool on_cpu) {
+    sim_network net = network_of(std::move(node_of), 0.0, 1e-9);
+    net.inter_on_cpu = on_cpu;
+    return simulate(net, {.kind = collective::all_gather, .algorithm = algo::ring, .count = count}).seconds;
+  };
+  const double alone = time_of({0, 1, 2, 3}, false);
+  const double shared = time_of({0, 1, 0, 1}, false);
+  CHECK(close(shared, 2 * alone, 0.05));
+  // Priced on the cores, each rank keeps its own port (and pays for both ends there).
+  CHECK(close(time_of({0, 1, 0, 1}, true), time_of({0, 1, 2, 3}, true), 1e-9));
+}
+
+TEST_CASE("oversubscribed fat-tree uplinks slow down the traffic that crosses leaves") {
+  // Four nodes, two per leaf; a ring's edges 1->2 and 3->0 cross leaves. Uplinks of 2 NICs'
+  // worth over 4:1 carry half a NIC: those edges, and so the ring, run at half speed.
+  const std::size_t count = std::size_t{1} << 22;
+  sim_network net = network_of(one_per_node(4), 0.0, 1e-9);
+  const double full = simulate(net, {.kind = collective::all_gather, .algorithm = algo::ring, .count = count}).seconds;
+  net.nodes_per_leaf = 2;
+  net.oversubscription = 1;
+  const double one_to_one = simulate(net, {.kind = collective::all_gather, .algorithm = algo::ring, .count = count}).seconds;
+  net.oversubscription = 4;
+  const double four_to_one = simulate(net, {.kind = collective::all_gather, .algorithm = algo::ring, .count = count}).seconds;
+  CHECK(close(one_to_one, full, 0.01));
+  CHECK(close(four_to_one, 2 * full, 0.05));
+}
+
+TEST_CASE("the double binary tree beats the ring at small sizes on many ranks, and the ring wins large buffers") {
+  const sim_network net = network_of(one_per_node(64), 5e-6, 1.0 / 12.5e9, 1.0 / 20e9);
+  auto t = [&](algo a, std::size_t count) {
+    return simulate(net, {.kind = collective::all_reduce, .algorithm = a, .count = count}).seconds;
+  };
+  CHECK(t(algo::tree, 256) < t(algo::ring, 256) / 3);
+  CHECK(t(algo::ring, std::size_t{1} << 26) < t(algo::recursive_doubling, std::size_t{1} << 26));
+}
+
+TEST_CASE("a simulation is deterministic") {
+  const sim_network net = network_of(sim_network::nodes_of(12, 3), 3e-6, 2e-10, 1e-10);
+  const sim_call call{.kind = collective::all_reduce, .algorithm = algo::hierarchical, .count = 123457};
+  CHECK(simulate(net, call).seconds == simulate(net, call).seconds);
+  CHECK(simulate(net, call).events == simulate(net, call).events);
+}
