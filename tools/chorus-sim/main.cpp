@@ -53,8 +53,8 @@ struct options {
   chorus::dtype type = chorus::dtype::float32;
   // Assumed costs of a cluster node (documented in --help): shared memory inside a node,
   // a 200 Gb/s NIC per node between nodes.
-  chorus::link_cost intra{0.5e-6, 0.5 / 20e9, 0.5 / 20e9};
-  chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9};
+  chorus::link_cost intra{0.5e-6, 0.5 / 20e9, 0.5 / 20e9, 0.1e-6};
+  chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9, 1e-6};
   double reduce_s_per_byte = 1.0 / 20e9, copy_s_per_byte = 1.0 / 20e9;
   bool cpu = false;
   std::string json;
@@ -72,8 +72,9 @@ void help() {
       "  -b, -e, -f             smallest and largest size in bytes (K/M/G suffixes), factor\n"
       "                         (defaults 8, 256M, 8)\n"
       "  --root R, --dtype T    rooted collectives' root (0); element type (float)\n"
-      "  --intra US:GBPS        inside a node: latency and GB/s each way per rank (0.5:20)\n"
-      "  --inter US:GBPS        between nodes: latency and the node NIC's GB/s each way (5:25)\n"
+      "  --intra US:GBPS[:O]    inside a node: latency, GB/s each way per rank and each end's\n"
+      "                         overhead per message in us (0.5:20:0.1)\n"
+      "  --inter US:GBPS[:O]    between nodes: latency, the node NIC's GB/s each way, overhead (5:25:1)\n"
       "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
       "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
       "  --cpu                  price inter-node transfers on the ranks' cores (TCP on one machine)\n"
@@ -105,12 +106,21 @@ int parse_int(std::string_view flag, const std::string& v, int lo, int hi) {
   return static_cast<int>(d);
 }
 
-chorus::link_cost parse_link(std::string_view flag, const std::string& v) {
-  const auto colon = v.find(':');
-  if (colon == std::string::npos) throw usage_error(std::string(flag) + " wants LATENCY_US:GBPS, not '" + v + "'");
-  const double us = parse_positive(flag, v.substr(0, colon));
-  const double gbps = parse_positive(flag, v.substr(colon + 1));
-  return {us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps};
+std::vector<std::string> split(const std::string& s, char sep);
+
+/// LATENCY_US:GBPS[:OVERHEAD_US]; GBPS is what one port moves each way.
+chorus::link_cost parse_link(std::string_view flag, const std::string& v, bool per_node) {
+  const auto parts = split(v, ':');
+  if (parts.size() != 2 && parts.size() != 3) {
+    throw usage_error(std::string(flag) + " wants LATENCY_US:GBPS[:OVERHEAD_US], not '" + v + "'");
+  }
+  const double us = parse_positive(flag, parts[0]);
+  const double gbps = parse_positive(flag, parts[1]);
+  const double o = parts.size() == 3 ? parse_positive(flag, parts[2]) : 0.0;
+  // A rank's port (the cores) sends and receives through one core: each way takes half of
+  // it. A node's NIC has a port each way.
+  const double share = per_node ? 1.0 : 0.5;
+  return {us * 1e-6, share * 1e-9 / gbps, share * 1e-9 / gbps, o * 1e-6};
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -126,6 +136,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 options parse(int argc, char** argv) {
   options o;
+  std::string inter_text;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -185,9 +196,9 @@ options parse(int argc, char** argv) {
       }
       if (!found) throw usage_error("--dtype: '" + v + "' is not a dtype");
     } else if (a == "--intra") {
-      o.intra = parse_link(a, v);
+      o.intra = parse_link(a, v, false);
     } else if (a == "--inter") {
-      o.inter = parse_link(a, v);
+      inter_text = v;
     } else if (a == "--reduce") {
       o.reduce_s_per_byte = 1e-9 / parse_positive(a, v);
     } else if (a == "--copy") {
@@ -204,6 +215,8 @@ options parse(int argc, char** argv) {
       throw usage_error("unknown flag '" + std::string(a) + "' (see --help)");
     }
   }
+  // The NIC's GB/s is per direction of one port unless priced on the cores (--cpu).
+  if (!inter_text.empty()) o.inter = parse_link("--inter", inter_text, !o.cpu);
   if (o.ranks == 0) throw usage_error("--ranks is required (see --help)");
   if (o.min_bytes > o.max_bytes) throw usage_error("-b is larger than -e");
   if (o.factor <= 1 && o.min_bytes != o.max_bytes) throw usage_error("-f must be > 1");
@@ -275,9 +288,10 @@ int main(int argc, char** argv) {
                                       std::to_string(o.oversubscription) + ":1 uplinks").c_str()
                                    : "",
               std::string(chorus::to_string(o.type)).c_str());
-  std::printf("# intra %.2f us + %.1f GB/s per rank, inter %.2f us + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
-              o.intra.latency_s * 1e6, 1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte),
-              o.inter.latency_s * 1e6,
+  std::printf("# intra %.2f us (o %.2f) + %.1f GB/s per rank, inter %.2f us (o %.2f) + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
+              o.intra.latency_s * 1e6, o.intra.overhead_s * 1e6,
+              1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte),
+              o.inter.latency_s * 1e6, o.inter.overhead_s * 1e6,
               o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
               o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,
               1e-9 / o.copy_s_per_byte);

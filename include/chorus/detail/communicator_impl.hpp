@@ -394,7 +394,7 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
     const std::string signature = i.transport->name() + "/" + i.topo.describe() + "/slice " +
                                   std::to_string(i.opts.exec.slice_bytes) + "/window " +
                                   std::to_string(i.opts.exec.window);
-    costs = detail::job_costs(c, *i.st, *i.root_store, *i.store_lock, signature, costs);
+    costs = detail::job_costs(c, *i.st, *i.root_store, *i.store_lock, signature, costs, i.opts.exec);
     i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec);
   }
   if (info.rank == 0) detail::log(detail::log_level::info, 0, "tuner costs: " + costs.describe());

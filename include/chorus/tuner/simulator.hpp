@@ -21,12 +21,15 @@
 
 namespace chorus {
 
-/// What moving bytes over one kind of link costs (the alpha-beta model, split between the
-/// two ends so that a rank sending and receiving at once is priced as it runs).
+/// What moving bytes over one kind of link costs: the alpha-beta model, with alpha split as
+/// LogP does into the time a message is in flight (overlapped with everything else) and the
+/// time it keeps each end's core busy, and beta split between the two ends, so that a rank
+/// that sends and receives many messages at once is priced as it runs.
 struct link_cost {
-  double latency_s = 0;        ///< alpha: added to every message (slice)
+  double latency_s = 0;        ///< L: a message's (slice's) time in flight
   double send_s_per_byte = 0;  ///< time the sender's port is busy per byte
   double recv_s_per_byte = 0;  ///< time the receiver's port is busy per byte
+  double overhead_s = 0;       ///< o: each end's core per message (system calls, wake-ups)
 };
 
 /// The machine a collective runs on. Ports are what a transfer keeps busy: for links that
@@ -253,12 +256,14 @@ class sim_engine {
     const link_cost& c = inside ? net_.intra : net_.inter;
     if (inside || net_.inter_on_cpu) {
       // The sender's core copies the slice out; the receiver's copies it in when it takes it.
-      const double sent = reserve(cpu_[static_cast<std::size_t>(from)], now, b * c.send_s_per_byte);
+      const double sent = reserve(cpu_[static_cast<std::size_t>(from)], now, c.overhead_s + b * c.send_s_per_byte);
       return {sent, arrival{sent - b * c.send_s_per_byte + c.latency_s, sent + c.latency_s, bytes}};
     }
-    // Through the NICs (and the leaf switches of a fat tree), cut through: the slice occupies
-    // every port on its path at once and finishes no earlier than its slowest.
-    double start = std::max(now, nic_tx_[static_cast<std::size_t>(nf)].free_at);
+    // The sender's core posts it; then through the NICs (and the leaf switches of a fat tree),
+    // cut through: the slice occupies every port on its path at once and finishes no earlier
+    // than its slowest.
+    const double posted = reserve(cpu_[static_cast<std::size_t>(from)], now, c.overhead_s);
+    double start = std::max(posted, nic_tx_[static_cast<std::size_t>(nf)].free_at);
     double end = start + b * c.send_s_per_byte;
     nic_tx_[static_cast<std::size_t>(nf)].free_at = end;
     const double sent = end;
@@ -283,13 +288,13 @@ class sim_engine {
     return {sent, arrival{end + c.latency_s, end + c.latency_s, bytes}};
   }
 
-  /// What taking an arrived slice costs the receiver's core: the copy in (links through the
-  /// cores) and the reduction.
+  /// What taking an arrived slice costs the receiver's core: its per-message overhead, the
+  /// copy in (links through the cores) and the reduction.
   double receive_work(int from, int to, std::uint64_t bytes, bool reducing) const {
     const bool inside = net_.node_of[static_cast<std::size_t>(from)] == net_.node_of[static_cast<std::size_t>(to)];
-    const double copy = inside ? net_.intra.recv_s_per_byte
-                               : net_.inter_on_cpu ? net_.inter.recv_s_per_byte : 0.0;
-    return static_cast<double>(bytes) * (copy + (reducing ? net_.reduce_s_per_byte : 0.0));
+    const link_cost& c = inside ? net_.intra : net_.inter;
+    const double copy = inside || net_.inter_on_cpu ? c.recv_s_per_byte : 0.0;
+    return c.overhead_s + static_cast<double>(bytes) * (copy + (reducing ? net_.reduce_s_per_byte : 0.0));
   }
 
   void discover(int r, rank_state& rs) {

@@ -38,19 +38,20 @@ namespace chorus {
 
 /// The costs the tuner prices schedules with (per rank, as measured with every rank busy).
 struct cost_model {
-  link_cost intra{1e-6, 0.5 / 5e9, 0.5 / 5e9};    ///< between ranks of one node
-  link_cost inter{15e-6, 0.5 / 2e9, 0.5 / 2e9};   ///< between nodes
+  link_cost intra{0.5e-6, 0.5 / 5e9, 0.5 / 5e9, 0.2e-6};  ///< between ranks of one node
+  link_cost inter{10e-6, 0.5 / 2e9, 0.5 / 2e9, 3e-6};     ///< between nodes
   double reduce_s_per_byte = 1.0 / 20e9;            ///< applying a reduction
   double copy_s_per_byte = 1.0 / 20e9;              ///< a local copy
   std::string source = "defaults";  ///< "probe", "cache" (the job's earlier probe), "file", "defaults"
 
-  /// "intra 0.4 us + 6.1 GB/s, inter 14.8 us + 1.9 GB/s, reduce 19.5 GB/s, copy 21.0 GB/s (probe)",
-  /// where a link's GB/s is what one rank moves each way while also receiving.
+  /// "intra 0.4 us (o 0.2 us) + 6.1 GB/s, inter ..., reduce 19.5 GB/s, copy 21.0 GB/s (probe)",
+  /// latency, per-message overhead of each end and the GB/s one rank moves each way while also
+  /// receiving.
   std::string describe() const {
     auto link = [](const link_cost& c) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.1f us + %.2f GB/s", c.latency_s * 1e6,
-                    1e-9 / std::max(1e-30, c.send_s_per_byte + c.recv_s_per_byte));
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.1f us (o %.1f us) + %.2f GB/s", c.latency_s * 1e6,
+                    c.overhead_s * 1e6, 1e-9 / std::max(1e-30, c.send_s_per_byte + c.recv_s_per_byte));
       return std::string(buf);
     };
     char tail[96];
@@ -73,7 +74,8 @@ struct tuning_rule {
 /// A tuning file (CHORUS_TUNING_FILE): costs that replace the probe's and rules that pin
 /// algorithms. One entry per line, '#' starts a comment:
 ///
-///   cost intra 0.5 6.0        # latency in us, GB/s one rank moves each way
+///   cost intra 0.5 6.0 0.2    # latency in us, GB/s one rank moves each way, and optionally
+///                             # each end's overhead per message in us
 ///   cost inter 15 1.9
 ///   cost reduce 20            # GB/s
 ///   cost copy 21
@@ -298,14 +300,15 @@ inline tuning_file tuning_file::parse(std::string_view text, const std::string& 
       return v;
     };
     if (w[0] == "cost") {
-      if (w.size() == 4 && (w[1] == "intra" || w[1] == "inter")) {
+      if ((w.size() == 4 || w.size() == 5) && (w[1] == "intra" || w[1] == "inter")) {
         const double us = number(w[2]), gbps = number(w[3]);
-        const link_cost c{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps};
+        const double o = w.size() == 5 ? number(w[4]) : 0.0;
+        const link_cost c{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps, o * 1e-6};
         (w[1] == "intra" ? f.intra : f.inter) = c;
       } else if (w.size() == 3 && (w[1] == "reduce" || w[1] == "copy")) {
         (w[1] == "reduce" ? f.reduce_s_per_byte : f.copy_s_per_byte) = 1e-9 / number(w[2]);
       } else {
-        throw bad("expected 'cost intra|inter LATENCY_US GBPS' or 'cost reduce|copy GBPS'");
+        throw bad("expected 'cost intra|inter LATENCY_US GBPS [OVERHEAD_US]' or 'cost reduce|copy GBPS'");
       }
     } else if (w[0] == "rule") {
       if (w.size() != 4 && w.size() != 5) throw bad("expected 'rule COLLECTIVE BYTES [RANKS] ALGORITHM'");
