@@ -38,10 +38,14 @@ inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count)
   int shards = 1;
   for (const auto& node : topo.members) shards = std::max(shards, static_cast<int>(node.size()));
   const int k = topo.nodes();
-  // Phases 1 and 3 move every shard as the K pieces phase 2's ring cuts it into. That was
-  // required while regions of one buffer had to start together or not overlap; the
-  // executor now orders steps by byte range, so whole shards would do with K times fewer
-  // messages (left for a change measured on the executor).
+  // Phases 1 and 3 move every shard as the K pieces phase 2's ring cuts it into, in the
+  // order the ring uses them: phase 1 reduces first the piece this node's ring sends first
+  // (piece `node`), so the ring starts while the rest is still being reduced; phase 3 sends
+  // first the piece the ring finishes first (node + 1, then node, node - 1, ...). Every rank
+  // of a node lists them in the same order, so per peer the messages still match.
+  const int my_node = topo.node();
+  auto reduced_order = [&](int j) { return (my_node + j) % k; };
+  auto finished_order = [&](int j) { return ((my_node + 1 - j) % k + k) % k; };
   auto piece = [&](buffer_id b, int shard, int c) {
     const region whole = chunk_of(b, count, shards, shard);
     region r = chunk_of(b, whole.count, k, c);
@@ -53,7 +57,8 @@ inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count)
 
   // Phase 1: owners reduce every local rank's copy of their shards into the output.
   for (int sh = 0; sh < shards; ++sh) {
-    for (int c = 0; c < k; ++c) {
+    for (int j = 0; j < k; ++j) {
+      const int c = reduced_order(j);
       const region in = piece(buffer_id::input, sh, c);
       const region out = piece(buffer_id::output, sh, c);
       if (m == 1) {
@@ -100,8 +105,8 @@ inline schedule hierarchical_all_reduce(const topology& topo, std::size_t count)
   // Phase 3: owners send their reduced shards to every other rank of the node.
   if (m > 1) {
     for (int sh = 0; sh < shards; ++sh) {
-      for (int c = 0; c < k; ++c) {
-        const region out = piece(buffer_id::output, sh, c);
+      for (int j = 0; j < k; ++j) {
+        const region out = piece(buffer_id::output, sh, finished_order(j));
         if (!owns(sh)) {
           s.steps.push_back(step{.recv_peer = owner(sh), .action = recv_action::store, .recv_into = out});
           continue;

@@ -96,6 +96,7 @@ class sim_engine {
     up_.resize(static_cast<std::size_t>(leaves));
     down_.resize(static_cast<std::size_t>(leaves));
     for (int r = 0; r < n; ++r) ranks_[static_cast<std::size_t>(r)].cur.emplace(progs_[static_cast<std::size_t>(r)]);
+    lookahead_ = std::clamp<std::uint64_t>((std::uint64_t{1} << 24) / static_cast<std::uint64_t>(std::max(1, n)), 256, 8192);
   }
 
   sim_result run() {
@@ -202,7 +203,9 @@ class sim_engine {
     double finished = 0;
   };
 
-  static constexpr std::uint64_t lookahead = 256;
+  /// How many steps past its oldest unfinished one a rank looks for work (the executor plans
+  /// them all; the simulator keeps about 16M steps of all ranks in memory at most).
+  std::uint64_t lookahead_ = 256;
   static constexpr std::uint64_t whole = std::numeric_limits<std::uint64_t>::max();
 
   void push(const event& e) {
@@ -299,7 +302,7 @@ class sim_engine {
 
   void discover(int r, rank_state& rs) {
     const std::uint64_t total = progs_[static_cast<std::size_t>(r)].steps;
-    while (rs.frontier < total && rs.frontier - rs.base < lookahead) {
+    while (rs.frontier < total && rs.frontier - rs.base < lookahead_) {
       step_rt s;
       s.st = &rs.cur->get();
       rs.cur->next();
