@@ -236,6 +236,13 @@ struct communicator::impl {
     detail::validate(call, d, info.rank, info.size);
     d.algorithm = choose(call, d);
     std::unique_lock lk(m);
+    // Refuse before numbering: a refused call must not take an operation number.
+    if (group_depth > 0 && !async) {
+      throw error(errc::invalid_argument,
+                  std::string(call) + ": a blocking call inside a group (between group_start() "
+                                      "and group_end()); use its _async form",
+                  {info.rank}, std::nullopt, call);
+    }
     if (d.kind == collective::send_recv) {
       auto& seq = d.sending ? sent_to : recv_from;
       d.seq = seq[static_cast<std::size_t>(d.root)]++;
@@ -243,12 +250,6 @@ struct communicator::impl {
       d.seq = next_seq++;
     }
     if (group_depth > 0) {
-      if (!async) {
-        throw error(errc::invalid_argument,
-                    std::string(call) + ": a blocking call inside a group (between group_start() "
-                                        "and group_end()); use its _async form",
-                    {info.rank}, std::nullopt, call);
-      }
       group_members.push_back(std::move(d));
       return request(group_state);
     }
