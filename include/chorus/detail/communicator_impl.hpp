@@ -22,6 +22,14 @@
 
 namespace chorus {
 
+namespace detail {
+// Defined in tuner/detail/probe.hpp, which needs the whole communicator: when that header is
+// the first one a file includes, it reaches this file before its own definitions.
+inline cost_model job_costs(communicator& comm, store& own, store& root, std::mutex& lock,
+                            const std::string& signature, const cost_model& defaults,
+                            const executor_options& exec);
+}  // namespace detail
+
 inline communicator_options communicator_options::from_env() {
   communicator_options o;
   o.timeout = env_seconds("CHORUS_TIMEOUT", o.timeout);
