@@ -48,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -148,7 +149,9 @@ inline void print_help(collective c, std::FILE* f) {
                "  CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_MASTER_ADDR, CHORUS_MASTER_PORT, ...\n"
                "                        as for every chorus program\n"
                "exit status: 0 all rows correct, 1 a wrong element or a chorus error, 2 bad flags "
-               "or environment\n",
+               "or environment\n"
+               "  (chorus-run itself exits 1 when a rank exits non-zero, and names the rank's "
+               "status)\n",
                name.c_str(), name.c_str(),
                chorus::reduces(c) ? "" : " ignored: this collective does not reduce",
                chorus::rooted(c) ? "" : "; ignored: this collective has no root",
@@ -1031,6 +1034,19 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
   return total_wrong == 0 ? 0 : 1;
 }
 
+/// Prints a usage error on the rank that speaks and returns 2. Every rank finds the same
+/// error; the others wait a moment first, because a launcher that stops the job when one rank
+/// fails (chorus-run sends SIGTERM) would otherwise kill the speaker before it has printed.
+inline int usage_exit(bool speaks, const std::string& name, const usage_error& e) {
+  if (speaks) {
+    std::fprintf(stderr, "%s_perf: %s\n", name.c_str(), e.what());
+    std::fflush(stderr);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  return 2;
+}
+
 /// main() of a perf binary: `return perf::run(perf::collective::all_reduce, argc, argv);`
 inline int run(collective c, int argc, char** argv) {
   const bool speaks = launcher_rank() == 0;  // only one process prints usage messages
@@ -1045,17 +1061,14 @@ inline int run(collective c, int argc, char** argv) {
     (void)transport_from_env();  // auto_transport reads it; a bad value is a usage error here
     su.table = algo_table_from_env();
   } catch (const usage_error& e) {
-    if (speaks) std::fprintf(stderr, "%s_perf: %s\n", name.c_str(), e.what());
-    return 2;
+    return usage_exit(speaks, name, e);
   }
   try {
     chorus::communicator comm = make_communicator();
     su.nranks = comm.size();
     return run_sweep(su, comm);
   } catch (const usage_error& e) {
-    // Every rank finds the same error (a root outside the communicator), so all exit 2.
-    if (speaks) std::fprintf(stderr, "%s_perf: %s\n", name.c_str(), e.what());
-    return 2;
+    return usage_exit(speaks, name, e);  // a root outside the communicator
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s_perf: %s\n", name.c_str(), e.what());
     return 1;
