@@ -1,12 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
-// The driver behind all_reduce_perf, reduce_scatter_perf and all_gather_perf: flags, size sweep,
-// timing, exact result check and nccl-tests style output.
+// The driver behind every *_perf binary (all_reduce, reduce_scatter, all_gather, broadcast,
+// reduce, alltoall, gather, scatter, sendrecv): flags, size sweep, timing, exact result check,
+// the tuner's prediction and nccl-tests style output.
 //
-// Units follow nccl-tests (docs/DESIGN.md, "Units"): `size` is the whole buffer in bytes (for
-// reduce_scatter and all_gather the gathered buffer), `count` is elements per rank,
-// algbw = size / time in GB/s (1e9 bytes/s), busbw = algbw * 2(n-1)/n for all_reduce and
-// algbw * (n-1)/n for reduce_scatter and all_gather. `time` is the mean of -n back-to-back
-// operations timed as one block after -w warm-up operations, the maximum over ranks.
+// Units follow nccl-tests (docs/DESIGN.md, "Units"). `count` is the count argument of the call
+// (elements per rank: the all_reduce/broadcast/reduce buffer, one rank's block of
+// reduce_scatter/all_gather/alltoall/gather/scatter, the sendrecv message). `size` is the
+// largest buffer of one rank in bytes:
+//   all_reduce, broadcast, reduce, sendrecv  count * elem        (the buffer)
+//   reduce_scatter, all_gather               n * count * elem    (the gathered buffer)
+//   alltoall                                 n * count * elem    (the whole send buffer)
+//   gather, scatter                          n * count * elem    (the root's whole buffer)
+// algbw = size / time in GB/s (1e9 bytes/s); busbw = algbw * factor, the factor being
+//   all_reduce                                            2(n-1)/n
+//   reduce_scatter, all_gather, alltoall, gather, scatter (n-1)/n
+//   broadcast, reduce, sendrecv                           1
+// `time` is the mean of -n back-to-back operations timed as one block after -w warm-up
+// operations, the maximum over ranks. `#wrong` counts, over all ranks, the elements of one
+// extra operation that differ from the exact expected value (reduce: on the root only;
+// sendrecv: the left neighbour's message), plus elements of an input the operation changed.
+// `algo` is the algorithm the call ran (-a, else CHORUS_ALGO's entry for the collective, else
+// the tuner's pick for the row's count) and `pred` the simulator's time for it, with the costs
+// the communicator measured when it started (tuner::predict).
 #pragma once
 
 #include <chorus/chorus.hpp>
@@ -17,6 +32,7 @@
 #include <charconv>
 #include <chrono>
 #include <cerrno>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -26,11 +42,13 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -48,6 +66,8 @@ struct options {
   int warmup = 5;                                  ///< -w: >= 0
   chorus::dtype type = chorus::dtype::float32;     ///< -d
   chorus::reduce_op op = chorus::sum;              ///< -o: avg needs a floating type
+  int root = 0;                                    ///< -r: a rank of the communicator
+  chorus::algo algorithm = chorus::algo::automatic;  ///< -a: automatic or one the collective has
   bool check = true;                               ///< -c
   std::string json;                                ///< --json: empty = no JSON file
   bool help = false;                               ///< -h
@@ -68,7 +88,27 @@ inline std::string cat(std::initializer_list<std::string_view> parts) {
   return s;
 }
 
+/// The binary's name without "_perf", as nccl-tests spells it: "alltoall", "sendrecv",
+/// otherwise the collective's name.
+inline std::string binary_name(collective c) {
+  if (c == collective::all_to_all) return "alltoall";
+  if (c == collective::send_recv) return "sendrecv";
+  return std::string(to_string(c));
+}
+
+/// "chain, binomial": the algorithms `c` has, as -a and CHORUS_ALGO spell them.
+inline std::string algorithm_list(collective c) {
+  std::string s;
+  for (chorus::algo a : chorus::algorithms_for(c)) {
+    if (!s.empty()) s.append(", ");
+    s.append(to_string(a));
+  }
+  return s;
+}
+
 inline void print_help(collective c, std::FILE* f) {
+  const std::string name = binary_name(c);
+  const std::string algos = algorithm_list(c);
   std::fprintf(f,
                "usage: %s_perf [flags]   (one process per rank, e.g. chorus-run -n 4 %s_perf)\n"
                "  -b, --minbytes N      smallest size in bytes, suffix K/M/G = 2^10/2^20/2^30 "
@@ -80,19 +120,42 @@ inline void print_help(collective c, std::FILE* f) {
                "  -d, --datatype T      float double half bfloat16 int8 uint8 int32 uint32 int64 "
                "uint64 (default float)\n"
                "  -o, --op OP           sum prod min max avg (default sum; avg needs a floating "
-               "type)\n"
+               "type;%s)\n"
+               "  -r, --root N          the root rank of broadcast, reduce, gather and scatter, "
+               "in [0, ranks) (default 0%s)\n"
+               "  -a, --algo NAME       run every call with this algorithm: auto (default: "
+               "CHORUS_ALGO, else the tuner) or one %s has: %s\n"
                "  -c, --check 0|1       check every element of one extra operation per size "
                "(default 1)\n"
                "      --json FILE       rank 0 also writes the rows to FILE as a JSON array\n"
                "  -h, --help            this text\n"
+               "columns: size (B) and count (elements) in nccl-tests units, time (us, the slowest "
+               "rank), algbw and busbw (GB/s), #wrong,\n"
+               "  algo (what the calls ran) and pred (us, the tuner's simulated time for that "
+               "algorithm); a last line compares pred with time\n"
                "environment:\n"
                "  CHORUS_TRANSPORT      auto tcp shm (default auto: shm inside a node, tcp between)\n"
-               "  CHORUS_ALGO           auto ring rd (= recursive_doubling) hierarchical (default auto)\n"
+               "  CHORUS_ALGO           one algorithm for every collective that has it (e.g. "
+               "ring), or collective:algorithm pairs\n"
+               "                        separated by ';' or ',' (e.g. "
+               "allreduce:tree;allgather:bruck); algorithms: auto ring rd\n"
+               "                        (recursive_doubling) hier (hierarchical) tree hd "
+               "(halving_doubling) bruck chain binomial\n"
+               "                        direct dissemination; -a overrides it\n"
+               "  CHORUS_TUNER          probe (default: measure the links at start) or fixed; "
+               "CHORUS_TUNING_FILE: costs and rules\n"
+               "  CHORUS_DEBUG=INFO     log the tuner's costs and each pick with every "
+               "algorithm's predicted time (stderr)\n"
                "  CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_MASTER_ADDR, CHORUS_MASTER_PORT, ...\n"
                "                        as for every chorus program\n"
                "exit status: 0 all rows correct, 1 a wrong element or a chorus error, 2 bad flags "
-               "or environment\n",
-               std::string(to_string(c)).c_str(), std::string(to_string(c)).c_str());
+               "or environment\n"
+               "  (chorus-run itself exits 1 when a rank exits non-zero, and names the rank's "
+               "status)\n",
+               name.c_str(), name.c_str(),
+               chorus::reduces(c) ? "" : " ignored: this collective does not reduce",
+               chorus::rooted(c) ? "" : "; ignored: this collective has no root",
+               std::string(to_string(c)).c_str(), algos.c_str());
 }
 
 /// "8", "64K", "1M", "2G" -> bytes (powers of 1024).
@@ -157,6 +220,32 @@ inline chorus::dtype parse_dtype(std::string_view s) {
                          "int64 uint64, not '", s, "'"}));
 }
 
+/// Any integer: whether it is a rank is checked once the communicator knows its size.
+inline int parse_root(std::string_view flag, std::string_view s) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || end != s.data() + s.size()) {
+    throw usage_error(cat({flag, " wants a rank such as 0, not '", s, "'"}));
+  }
+  return v;
+}
+
+/// An algorithm name that `c` has (or auto).
+inline chorus::algo parse_algorithm(collective c, std::string_view s) {
+  const std::string have = algorithm_list(c);
+  const std::string name = binary_name(c);
+  const std::optional<chorus::algo> a = chorus::parse_algo(s);
+  if (!a) {
+    throw usage_error(cat({"-a '", s, "' is not an algorithm; ", name, " has: ", have,
+                           " (or auto)"}));
+  }
+  if (*a != chorus::algo::automatic && !chorus::implements(c, *a)) {
+    throw usage_error(cat({"-a ", to_string(*a), ": ", name, " has no such algorithm; it has: ",
+                           have, " (or auto)"}));
+  }
+  return *a;
+}
+
 inline chorus::reduce_op parse_op(std::string_view s) {
   for (int i = 0; i < chorus::reduce_op_count; ++i) {
     const auto op = static_cast<chorus::reduce_op>(i);
@@ -172,7 +261,7 @@ inline options parse_args(collective c, int argc, char** argv) {
       flag{'b', "minbytes", true}, flag{'e', "maxbytes", true},     flag{'f', "stepfactor", true},
       flag{'n', "iters", true},    flag{'w', "warmup_iters", true}, flag{'d', "datatype", true},
       flag{'o', "op", true},       flag{'c', "check", true},        flag{'j', "json", true},
-      flag{'h', "help", false},
+      flag{'r', "root", true},     flag{'a', "algo", true},         flag{'h', "help", false},
   };
   options o;
   const std::vector<std::string_view> args(argv + 1, argv + argc);
@@ -222,6 +311,8 @@ inline options parse_args(collective c, int argc, char** argv) {
       case 'w': o.warmup = parse_int(name, value, 0); break;
       case 'd': o.type = parse_dtype(value); break;
       case 'o': o.op = parse_op(value); break;
+      case 'r': o.root = parse_root(name, value); break;
+      case 'a': o.algorithm = parse_algorithm(c, value); break;
       case 'c':
         if (value != "0" && value != "1") throw usage_error("-c wants 0 or 1");
         o.check = value == "1";
@@ -236,7 +327,7 @@ inline options parse_args(collective c, int argc, char** argv) {
   }
   if (o.min_bytes == 0) throw usage_error("-b must be at least 1 byte");
   if (o.max_bytes < o.min_bytes) throw usage_error("-e must be >= -b");
-  if (c != collective::all_gather && o.op == chorus::avg && !chorus::is_floating(o.type)) {
+  if (chorus::reduces(c) && o.op == chorus::avg && !chorus::is_floating(o.type)) {
     throw usage_error("-o avg needs a floating type (float, double, half, bfloat16): an integer "
                       "average would truncate");
   }
@@ -260,21 +351,16 @@ inline std::string transport_from_env() {
                          valid}));
 }
 
-inline chorus::algo algo_from_env() {
+/// CHORUS_ALGO as the communicator will read it (parse_algo_table): a bad value is a usage
+/// error here, before any rank connects.
+inline chorus::algo_table algo_table_from_env() {
   const char* env = std::getenv("CHORUS_ALGO");
-  if (env == nullptr || *env == '\0') return chorus::algo::automatic;
-  if (const auto a = chorus::parse_algo(env)) return *a;
-  throw usage_error(cat({"CHORUS_ALGO=", env,
-                         " is not an algorithm; valid: auto, ring, rd (= recursive_doubling), hierarchical"}));
-}
-
-inline std::string_view algo_name(chorus::algo a) {
-  // An if-chain, not a switch: an enumerator added later must not break this build.
-  if (a == chorus::algo::ring) return "ring";
-  if (a == chorus::algo::recursive_doubling) return "recursive_doubling";
-  if (a == chorus::algo::hierarchical) return "hierarchical";
-  if (a == chorus::algo::automatic) return "auto";
-  return "other";
+  if (env == nullptr || *env == '\0') return chorus::algo_table{};
+  try {
+    return chorus::parse_algo_table(env);
+  } catch (const chorus::error& e) {
+    throw usage_error(e.what());
+  }
 }
 
 /// The launcher's rank before a communicator exists, so that only one process prints a usage
@@ -290,24 +376,73 @@ inline int launcher_rank() {
 }
 
 /// Guaranteed copy elision: the communicator is built in the caller's variable.
-inline chorus::communicator make_communicator(const std::string& transport) {
+inline chorus::communicator make_communicator() {
   // auto_transport reads CHORUS_TRANSPORT itself (auto, tcp or shm), already validated.
-  (void)transport;
   return chorus::communicator::from_env<chorus::auto_transport>();
+}
+
+// --- units -------------------------------------------------------------------------------
+
+/// Blocks of `count` elements in the buffer `size` measures (see the header comment).
+inline std::size_t blocks_in_size(collective c, int nranks) {
+  switch (c) {
+    case collective::reduce_scatter:
+    case collective::all_gather:
+    case collective::all_to_all:
+    case collective::gather:
+    case collective::scatter: return static_cast<std::size_t>(nranks);
+    default: return 1;
+  }
+}
+
+/// busbw / algbw, as nccl-tests computes it.
+inline double bus_factor(collective c, int nranks) {
+  const double n = nranks;
+  switch (c) {
+    case collective::all_reduce: return 2.0 * (n - 1) / n;
+    case collective::reduce_scatter:
+    case collective::all_gather:
+    case collective::all_to_all:
+    case collective::gather:
+    case collective::scatter: return (n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+/// Elements of input and output one rank's call touches: the others' buffers are not passed
+/// (null), as the communicator's documentation allows.
+struct extent {
+  std::size_t in = 0, out = 0;
+};
+
+inline extent extent_of(collective c, std::size_t count, int rank, int nranks, int root) {
+  const auto n = static_cast<std::size_t>(nranks);
+  const bool is_root = rank == root;
+  switch (c) {
+    case collective::all_reduce: return {count, count};
+    case collective::reduce_scatter: return {count * n, count};
+    case collective::all_gather: return {count, count * n};
+    case collective::broadcast: return {is_root ? count : 0, count};
+    case collective::reduce: return {count, is_root ? count : 0};
+    case collective::all_to_all: return {count * n, count * n};
+    case collective::gather: return {count, is_root ? count * n : 0};
+    case collective::scatter: return {is_root ? count * n : 0, count};
+    case collective::send_recv: return {count, count};
+    default: return {};
+  }
 }
 
 // --- size sweep ----------------------------------------------------------------------------
 
 struct row_size {
-  std::size_t bytes;  ///< the whole buffer (gathered buffer for reduce_scatter and all_gather)
-  std::size_t count;  ///< elements per rank: all_reduce buffer, reduce_scatter out, all_gather in
+  std::size_t bytes;  ///< `size` (see the header comment)
+  std::size_t count;  ///< the call's count
 };
 
-/// min, min*f, min*f^2, ... <= max, each rounded down to whole elements per rank (at least one),
-/// dropping a row that rounds to the same size as the row before.
+/// min, min*f, min*f^2, ... <= max, each rounded down to whole elements per block (at least
+/// one), dropping a row that rounds to the same size as the row before.
 inline std::vector<row_size> sweep(const options& o, collective c, int nranks) {
-  const std::size_t unit = chorus::size_of(o.type) *
-                           (c == collective::all_reduce ? 1 : static_cast<std::size_t>(nranks));
+  const std::size_t unit = chorus::size_of(o.type) * blocks_in_size(c, nranks);
   std::vector<row_size> rows;
   std::size_t s = o.min_bytes;
   while (true) {
@@ -406,7 +541,8 @@ constexpr int max_pow2(chorus::dtype t) noexcept {
 /// depend on j only through j mod period(), so expectations are tabulated once per size.
 struct pattern {
   enum class kind {
-    modular,   ///< (j + 7r) mod m: sum, min, max, all_gather; m odd so no power-of-two shift hides
+    modular,   ///< (j + 7r) mod m: sum, min, max, collectives that move data; m odd so no
+               ///< power-of-two shift hides
     one_hot,   ///< 1 where (j + r) mod n == 0: sum when n exceeds the type's exact range
     twos,      ///< 2 where (j + r) mod m == 0, else 1: prod, at most max_pow2 twos per element
     balanced,  ///< (j mod m) +/- c on rank pairs, c in 1..3: avg, whose exact sum is n*(j mod m)
@@ -449,7 +585,7 @@ inline pattern make_pattern(collective c, chorus::dtype t, chorus::reduce_op op,
   auto odd = [](std::uint64_t m) { return m > 2 && m % 2 == 0 ? m - 1 : m; };
   pattern p;
   p.nranks = nranks;
-  if (c == collective::all_gather || op == chorus::min || op == chorus::max) {
+  if (!chorus::reduces(c) || op == chorus::min || op == chorus::max) {
     p.k = pattern::kind::modular;
     p.m = static_cast<std::size_t>(odd(std::min(limit + 1, max_modulus)));
   } else if (op == chorus::prod) {
@@ -522,7 +658,9 @@ class buffer {
  public:
   explicit buffer(std::size_t bytes)
       : bytes_(bytes),
-        data_(static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {
+        // At least one page: aligned_alloc(4096, 0) may return null (a rank's unused buffer).
+        data_(static_cast<std::byte*>(
+            std::aligned_alloc(4096, (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096))) {
     if (data_ == nullptr) throw std::bad_alloc();
     std::memset(data_.get(), 0, bytes_);
   }
@@ -548,17 +686,29 @@ struct result {
   double algbw;
   double busbw;
   std::uint64_t wrong;  ///< meaningful when checked
+  chorus::algo algorithm;
+  double pred_us;       ///< NaN when the tuner cannot predict this call
 };
 
-inline void write_json(const std::string& path, const std::vector<result>& rows, collective c,
-                       const options& o, int nranks, chorus::algo a) {
+/// What one run is: the collective, its arguments, how its algorithm is chosen.
+struct setup {
+  collective c;
+  options o;
+  int nranks;
+  chorus::algo_table table;  ///< CHORUS_ALGO
+};
+
+inline void write_json(const std::string& path, const std::vector<result>& rows, const setup& su) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     std::fprintf(stderr, "# cannot write %s: %s\n", path.c_str(), std::strerror(errno));
     return;
   }
+  const options& o = su.o;
   const std::string type(chorus::to_string(o.type));
-  const std::string op(c == collective::all_gather ? "none" : chorus::to_string(o.op));
+  const std::string op(chorus::reduces(su.c) ? chorus::to_string(o.op) : "none");
+  const std::string coll(to_string(su.c));
+  const int root = chorus::rooted(su.c) ? o.root : -1;
   std::fprintf(f, "[");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const result& r = rows[i];
@@ -572,84 +722,222 @@ inline void write_json(const std::string& path, const std::vector<result>& rows,
     } else {
       std::fprintf(f, "null");
     }
-    std::fprintf(f, ", \"collective\": \"%s\", \"nranks\": %d, \"algo\": \"%s\"}",
-                 std::string(to_string(c)).c_str(), nranks, std::string(algo_name(a)).c_str());
+    std::fprintf(f, ", \"collective\": \"%s\", \"nranks\": %d, \"root\": %d, \"algo\": \"%s\", "
+                    "\"pred_us\": ",
+                 coll.c_str(), su.nranks, root, std::string(to_string(r.algorithm)).c_str());
+    if (std::isfinite(r.pred_us)) {
+      std::fprintf(f, "%.6g}", r.pred_us);
+    } else {
+      std::fprintf(f, "null}");
+    }
   }
   std::fprintf(f, "\n]\n");
   std::fclose(f);
 }
 
+/// The algorithm a call with `count` runs: -a, else CHORUS_ALGO's entry, else the tuner's
+/// pick, as the communicator resolves an automatic call.
+inline chorus::algo algorithm_of(const setup& su, const chorus::communicator& comm,
+                                 std::size_t count) {
+  if (su.o.algorithm != chorus::algo::automatic) return su.o.algorithm;
+  const chorus::algo t = su.table[static_cast<std::size_t>(su.c)];
+  if (t != chorus::algo::automatic) return t;
+  return comm.tuner().choose(su.c, count, chorus::size_of(su.o.type));
+}
+
+/// "ring (-a)", "tree (CHORUS_ALGO)" or "auto (the tuner's pick per row)".
+inline std::string algorithm_source(const setup& su) {
+  if (su.o.algorithm != chorus::algo::automatic) return cat({to_string(su.o.algorithm), " (-a)"});
+  const chorus::algo t = su.table[static_cast<std::size_t>(su.c)];
+  if (t != chorus::algo::automatic) return cat({to_string(t), " (CHORUS_ALGO)"});
+  return "auto (the tuner's pick per row)";
+}
+
+/// The median of `v` (which it sorts); NaN when empty.
+inline double median(std::vector<double>& v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 // --- the driver --------------------------------------------------------------------------------
 
-inline int run_sweep(collective c, const options& o, chorus::communicator& comm, chorus::algo a) {
+inline int run_sweep(const setup& su, chorus::communicator& comm) {
   using clock = std::chrono::steady_clock;
+  const collective c = su.c;
+  const options& o = su.o;
   const int rank = comm.rank();
   const int n = comm.size();
   const auto nn = static_cast<std::size_t>(n);
+  const int root = o.root;
+  const bool is_root = rank == root;
   const std::size_t esize = chorus::size_of(o.type);
+  const std::string name = binary_name(c);
+
+  if (root < 0 || root >= n) {
+    throw usage_error(cat({"-r ", std::to_string(root), " is not a rank of this communicator of ",
+                           std::to_string(n), " (ranks 0..", std::to_string(n - 1), ")"}));
+  }
+
+  const std::string type(chorus::to_string(o.type));
+  const std::string op(chorus::reduces(c) ? chorus::to_string(o.op) : "none");
+  if (rank == 0) {
+    std::printf("# chorus %s_perf: nranks %d, %s\n", name.c_str(), n, comm.describe().c_str());
+    std::printf("# tuner costs: %s\n", comm.tuner().costs().describe().c_str());
+    const std::string root_text =
+        chorus::rooted(c) ? cat({"root ", std::to_string(root), ", "}) : std::string();
+    std::printf("# algo %s, %sminbytes %zu, maxbytes %zu, factor %g, iters %d, warmup %d, "
+                "check %d\n",
+                algorithm_source(su).c_str(), root_text.c_str(), o.min_bytes, o.max_bytes,
+                o.factor, o.iters, o.warmup, o.check ? 1 : 0);
+    std::fflush(stdout);
+  }
+  // chorus refuses a message to oneself (nccl-tests' one-rank sendrecv is a local copy): with
+  // one rank there is nothing to measure, and the run says so instead of printing numbers.
+  if (c == collective::send_recv && n < 2) {
+    if (rank == 0) {
+      std::printf("# sendrecv needs 2 or more ranks (a rank cannot send to itself): no rows\n");
+      if (!o.json.empty()) write_json(o.json, {}, su);
+    }
+    return 0;
+  }
+
   const std::vector<row_size> rows = sweep(o, c, n);
   const std::size_t max_count = rows.back().count;
+  const extent most = extent_of(c, max_count, rank, n, root);
+  const int right = (rank + 1) % n;      // sendrecv: where this rank sends
+  const int left = (rank + n - 1) % n;   // sendrecv: where its message comes from
 
   // Allocated once for the largest row and reused by every row (see DESIGN.md: never allocate
   // per operation, and never measure page faults).
-  const std::size_t in_elems = c == collective::reduce_scatter ? max_count * nn : max_count;
-  const std::size_t out_elems = c == collective::all_gather ? max_count * nn : max_count;
-  buffer in(in_elems * esize);
-  buffer out(out_elems * esize);
+  buffer in(most.in * esize);
+  buffer out(most.out * esize);
 
   const pattern pat = make_pattern(c, o.type, o.op, n);
-  // Values depend only on the global index, so the input of every row is a prefix of this one
-  // and is written once; the operations never write their input.
+  // Values depend only on the index into the input, so the input of every row is a prefix of
+  // this one and is written once; the check verifies that the operations never write it.
   perf::visit(o.type, [&]<class T>(std::type_identity<T>) {
-    perf::fill(in.as<T>(), in_elems, pat, rank, 0);
+    perf::fill(in.as<T>(), most.in, pat, rank, 0);
   });
-  std::vector<double> want;  // all_reduce, reduce_scatter: expected value per index mod period
-  std::vector<std::vector<double>> gathered;  // all_gather: each rank's values per index mod period
-  if (c == collective::all_gather) {
-    gathered.resize(nn);
-    for (int r = 0; r < n; ++r) {
-      for (std::size_t p = 0; p < pat.period(); ++p) {
-        gathered[static_cast<std::size_t>(r)].push_back(pat.value(r, p));
-      }
+  // values[r]: what rank r puts at each index mod period; want: the reduction of all ranks'.
+  std::vector<std::vector<double>> values(nn);
+  for (std::size_t r = 0; r < nn; ++r) {
+    for (std::size_t p = 0; p < pat.period(); ++p) {
+      values[r].push_back(pat.value(static_cast<int>(r), p));
     }
-  } else {
+  }
+  std::vector<double> want;
+  if (chorus::reduces(c)) {
     for (std::size_t p = 0; p < pat.period(); ++p) want.push_back(perf::expected(pat, o.op, p));
   }
 
-  const chorus::all_reduce_options ar{.op = o.op, .algorithm = a};
-  const chorus::reduce_scatter_options rs{.op = o.op, .algorithm = a};
-  const chorus::all_gather_options ag{.algorithm = a};
+  // Buffers a rank does not use are passed as null, as the API allows: a call that touched
+  // them anyway would crash here rather than pass unnoticed.
+  const void* in_arg = most.in > 0 ? in.data() : nullptr;
+  void* out_arg = most.out > 0 ? out.data() : nullptr;
+  const chorus::algo forced = o.algorithm;  // automatic: the communicator resolves each call
   auto operation = [&](std::size_t count) {
     switch (c) {
-      case collective::all_reduce: comm.all_reduce(in.data(), out.data(), count, o.type, ar); break;
-      case collective::reduce_scatter:
-        comm.reduce_scatter(in.data(), out.data(), count, o.type, rs);
+      case collective::all_reduce:
+        comm.all_reduce(in_arg, out_arg, count, o.type, {.op = o.op, .algorithm = forced});
         break;
-      case collective::all_gather: comm.all_gather(in.data(), out.data(), count, o.type, ag); break;
+      case collective::reduce_scatter:
+        comm.reduce_scatter(in_arg, out_arg, count, o.type, {.op = o.op, .algorithm = forced});
+        break;
+      case collective::all_gather:
+        comm.all_gather(in_arg, out_arg, count, o.type, {.algorithm = forced});
+        break;
+      case collective::broadcast:
+        comm.broadcast(in_arg, out_arg, count, o.type, root, {.algorithm = forced});
+        break;
+      case collective::reduce:
+        comm.reduce(in_arg, out_arg, count, o.type, root, {.op = o.op, .algorithm = forced});
+        break;
+      case collective::all_to_all:
+        comm.all_to_all(in_arg, out_arg, count, o.type, {.algorithm = forced});
+        break;
+      case collective::gather:
+        comm.gather(in_arg, out_arg, count, o.type, root, {.algorithm = forced});
+        break;
+      case collective::scatter:
+        comm.scatter(in_arg, out_arg, count, o.type, root, {.algorithm = forced});
+        break;
+      case collective::send_recv:
+        // sendrecv has one algorithm (direct) and no option to choose it.
+        comm.sendrecv(in_arg, count, right, out_arg, count, left, o.type);
+        break;
       default: break;
     }
   };
 
-  const double bus_factor =
-      c == collective::all_reduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
-  const std::string type(chorus::to_string(o.type));
-  const std::string op(c == collective::all_gather ? "none" : chorus::to_string(o.op));
+  // Counts the elements of this rank's buffers after one operation that differ from what
+  // they must hold.
+  auto check_row = [&](std::size_t count) {
+    const extent ex = extent_of(c, count, rank, n, root);
+    const auto me = static_cast<std::size_t>(rank);
+    std::uint64_t wrong = 0;
+    perf::visit(o.type, [&]<class T>(std::type_identity<T>) {
+      const T* data = out.as<T>();
+      switch (c) {
+        case collective::all_reduce: wrong += perf::count_wrong(data, count, want, 0); break;
+        case collective::reduce_scatter:
+          // This rank holds the reduced block `rank` of the input.
+          wrong += perf::count_wrong(data, count, want, me * count);
+          break;
+        case collective::reduce:
+          if (is_root) wrong += perf::count_wrong(data, count, want, 0);
+          break;
+        case collective::all_gather:
+          for (std::size_t r = 0; r < nn; ++r) {
+            wrong += perf::count_wrong(data + r * count, count, values[r], 0);
+          }
+          break;
+        case collective::gather:
+          if (is_root) {
+            for (std::size_t r = 0; r < nn; ++r) {
+              wrong += perf::count_wrong(data + r * count, count, values[r], 0);
+            }
+          }
+          break;
+        case collective::broadcast:
+          wrong += perf::count_wrong(data, count, values[static_cast<std::size_t>(root)], 0);
+          break;
+        case collective::scatter:
+          // Block `rank` of the root's input.
+          wrong += perf::count_wrong(data, count, values[static_cast<std::size_t>(root)],
+                                     me * count);
+          break;
+        case collective::all_to_all:
+          // Block r of the output is block `rank` of rank r's input.
+          for (std::size_t r = 0; r < nn; ++r) {
+            wrong += perf::count_wrong(data + r * count, count, values[r], me * count);
+          }
+          break;
+        case collective::send_recv:
+          wrong += perf::count_wrong(data, count, values[static_cast<std::size_t>(left)], 0);
+          break;
+        default: break;
+      }
+      // The input must be as it was written.
+      wrong += perf::count_wrong(in.as<T>(), ex.in, values[me], 0);
+    });
+    return wrong;
+  };
+
   if (rank == 0) {
-    std::printf("# chorus %s_perf: nranks %d, %s\n", std::string(to_string(c)).c_str(), n,
-                comm.describe().c_str());
-    std::printf("# algo %s, minbytes %zu, maxbytes %zu, factor %g, iters %d, warmup %d, check %d\n",
-                std::string(algo_name(a)).c_str(), o.min_bytes, o.max_bytes, o.factor, o.iters,
-                o.warmup, o.check ? 1 : 0);
     std::printf("#\n");
-    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s\n", "size", "count", "type", "redop",
-                "time", "algbw", "busbw", "#wrong");
-    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s\n", "(B)", "(elements)", "", "", "(us)",
-                "(GB/s)", "(GB/s)");
+    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s  %-18s  %10s\n", "size", "count",
+                "type", "redop", "time", "algbw", "busbw", "#wrong", "algo", "pred");
+    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s  %-18s  %10s\n", "(B)", "(elements)",
+                "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)");
     std::fflush(stdout);
   }
 
+  const double factor = bus_factor(c, n);
   std::vector<result> results;
   std::uint64_t total_wrong = 0;
+  std::string no_prediction;  // why the tuner could not predict, if it could not
   auto last_progress = clock::now();
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const row_size& row = rows[k];
@@ -666,39 +954,37 @@ inline int run_sweep(collective c, const options& o, chorus::communicator& comm,
 
     std::uint64_t wrong = 0;
     if (o.check) {
-      const std::size_t out_count = c == collective::all_gather ? row.count * nn : row.count;
+      const extent ex = extent_of(c, row.count, rank, n, root);
       // All bits set: NaN for floating types, -1 or the maximum for integers; no expected value
       // is one of these, so an element the operation never wrote is counted.
-      std::memset(out.data(), 0xff, out_count * esize);
+      if (ex.out > 0) std::memset(out.data(), 0xff, ex.out * esize);
       operation(row.count);
-      perf::visit(o.type, [&]<class T>(std::type_identity<T>) {
-        const T* data = out.as<T>();
-        switch (c) {
-          case collective::all_reduce: wrong = perf::count_wrong(data, row.count, want, 0); break;
-          case collective::reduce_scatter:
-            // This rank holds the reduced chunk `rank` of the gathered buffer.
-            wrong = perf::count_wrong(data, row.count, want,
-                                      static_cast<std::size_t>(rank) * row.count);
-            break;
-          case collective::all_gather:
-            for (std::size_t r = 0; r < nn; ++r) {
-              wrong += perf::count_wrong(data + r * row.count, row.count, gathered[r], 0);
-            }
-            break;
-          default: break;
-        }
-      });
+      wrong = check_row(row.count);
       comm.all_reduce(std::span<std::uint64_t>(&wrong, 1));  // sum over ranks
       total_wrong += wrong;
     }
 
+    // Outside the timed block, on rank 0 only: the others wait in the next row's barrier.
+    const chorus::algo ran = algorithm_of(su, comm, row.count);
+    double pred_us = std::nan("");
+    if (rank == 0) {
+      try {
+        pred_us = comm.tuner().predict(c, ran, row.count, esize, root) * 1e6;
+      } catch (const std::exception& e) {
+        if (no_prediction.empty()) no_prediction = e.what();
+      }
+    }
+
     const double algbw = static_cast<double>(row.bytes) / time_us / 1e3;  // bytes/us -> GB/s
-    const result res{row.bytes, row.count, time_us, algbw, algbw * bus_factor, wrong};
+    const result res{row.bytes, row.count, time_us, algbw, algbw * factor, wrong, ran, pred_us};
     results.push_back(res);
     if (rank == 0) {
       const std::string wrong_text = o.check ? std::to_string(wrong) : std::string("N/A");
-      std::printf("  %11zu  %12zu  %8s  %6s  %10.2f  %8.2f  %8.2f  %7s\n", res.bytes, res.count,
-                  type.c_str(), op.c_str(), res.time_us, res.algbw, res.busbw, wrong_text.c_str());
+      char pred_text[32] = "n/a";
+      if (std::isfinite(pred_us)) std::snprintf(pred_text, sizeof pred_text, "%.2f", pred_us);
+      std::printf("  %11zu  %12zu  %8s  %6s  %10.2f  %8.2f  %8.2f  %7s  %-18s  %10s\n", res.bytes,
+                  res.count, type.c_str(), op.c_str(), res.time_us, res.algbw, res.busbw,
+                  wrong_text.c_str(), std::string(to_string(ran)).c_str(), pred_text);
       std::fflush(stdout);
       const auto now = clock::now();
       const double row_s = std::chrono::duration<double>(now - row_start).count();
@@ -719,35 +1005,72 @@ inline int run_sweep(collective c, const options& o, chorus::communicator& comm,
                                                    : std::to_string(total_wrong) + " FAILED";
     std::printf("# wrong elements: %s\n", verdict.c_str());
     std::printf("# avg busbw: %.3f GB/s\n", sum_busbw / static_cast<double>(results.size()));
+    // The worst row is the one whose ratio is furthest from 1 either way.
+    std::vector<double> ratios;
+    double worst = 1;
+    std::size_t worst_bytes = 0;
+    for (const result& r : results) {
+      if (!std::isfinite(r.pred_us) || !(r.time_us > 0)) continue;
+      const double ratio = r.pred_us / r.time_us;
+      if (ratios.empty() || std::abs(std::log(ratio)) > std::abs(std::log(worst))) {
+        worst = ratio;
+        worst_bytes = r.bytes;
+      }
+      ratios.push_back(ratio);
+    }
+    if (!ratios.empty()) {
+      const std::size_t rated = ratios.size();
+      const double mid = median(ratios);  // sorts
+      std::printf("# pred/measured: median %.3f, worst %.3f (at %zu B), min %.3f, max %.3f over "
+                  "%zu rows\n",
+                  mid, worst, worst_bytes, ratios.front(), ratios.back(), rated);
+    } else {
+      std::printf("# pred/measured: n/a (%s)\n",
+                  no_prediction.empty() ? "no prediction" : no_prediction.c_str());
+    }
     std::fflush(stdout);
-    if (!o.json.empty()) write_json(o.json, results, c, o, n, a);
+    if (!o.json.empty()) write_json(o.json, results, su);
   }
   return total_wrong == 0 ? 0 : 1;
+}
+
+/// Prints a usage error on the rank that speaks and returns 2. Every rank finds the same
+/// error; the others wait a moment first, because a launcher that stops the job when one rank
+/// fails (chorus-run sends SIGTERM) would otherwise kill the speaker before it has printed.
+inline int usage_exit(bool speaks, const std::string& name, const usage_error& e) {
+  if (speaks) {
+    std::fprintf(stderr, "%s_perf: %s\n", name.c_str(), e.what());
+    std::fflush(stderr);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  return 2;
 }
 
 /// main() of a perf binary: `return perf::run(perf::collective::all_reduce, argc, argv);`
 inline int run(collective c, int argc, char** argv) {
   const bool speaks = launcher_rank() == 0;  // only one process prints usage messages
-  options o;
-  std::string transport;
-  chorus::algo a = chorus::algo::automatic;
+  const std::string name = binary_name(c);
+  setup su{c, options{}, 0, chorus::algo_table{}};
   try {
-    o = parse_args(c, argc, argv);
-    if (o.help) {
+    su.o = parse_args(c, argc, argv);
+    if (su.o.help) {
       if (speaks) print_help(c, stdout);
       return 0;
     }
-    transport = transport_from_env();
-    a = algo_from_env();
+    (void)transport_from_env();  // auto_transport reads it; a bad value is a usage error here
+    su.table = algo_table_from_env();
   } catch (const usage_error& e) {
-    if (speaks) std::fprintf(stderr, "%s_perf: %s\n", std::string(to_string(c)).c_str(), e.what());
-    return 2;
+    return usage_exit(speaks, name, e);
   }
   try {
-    chorus::communicator comm = make_communicator(transport);
-    return run_sweep(c, o, comm, a);
+    chorus::communicator comm = make_communicator();
+    su.nranks = comm.size();
+    return run_sweep(su, comm);
+  } catch (const usage_error& e) {
+    return usage_exit(speaks, name, e);  // a root outside the communicator
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s_perf: %s\n", std::string(to_string(c)).c_str(), e.what());
+    std::fprintf(stderr, "%s_perf: %s\n", name.c_str(), e.what());
     return 1;
   }
 }
