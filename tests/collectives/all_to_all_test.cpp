@@ -3,91 +3,17 @@
 // zeros, unaligned buffers, many slices, async.
 #include <doctest/doctest.h>
 
-#include <cstdio>
-#include <cstring>
-#include <string>
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "collectives/checks.hpp"
 #include "collectives/values.hpp"
 #include "support/multirank.hpp"
 
 using namespace chorus;
 using chorus::test::run_ranks;
-
-namespace {
-
-/// One all_to_all of `block` elements per pair: block j of our input holds what we send
-/// rank j, and block i of the output must hold what rank i sent us.
-template <class T>
-void check_all_to_all(communicator& comm, algo a, std::size_t block, std::size_t misalign,
-                      std::uint64_t seed) {
-  const int n = comm.size();
-  const int me = comm.rank();
-  const auto un = static_cast<std::size_t>(n);
-  test::guarded_buffer in(un * block * sizeof(T), misalign), out(un * block * sizeof(T), (misalign + 3) % 8);
-  for (int j = 0; j < n; ++j) {
-    for (std::size_t i = 0; i < block; ++i) in.put(static_cast<std::size_t>(j) * block + i, test::pair_value<T>(me, j, i, seed));
-  }
-  const std::vector<unsigned char> before(in.data(), in.data() + in.size());
-  comm.all_to_all(in.data(), out.data(), block, dtype_of<T>, {.algorithm = a});
-  std::size_t wrong = 0;
-  for (int from = 0; from < n; ++from) {
-    for (std::size_t i = 0; i < block; ++i) {
-      if (!test::same_bits(out.get<T>(static_cast<std::size_t>(from) * block + i), test::pair_value<T>(from, me, i, seed))) ++wrong;
-    }
-  }
-  if (wrong != 0) {
-    std::fprintf(stderr, "[rank %d of %d] all_to_all %s %s block %zu: %zu wrong\n", me, n,
-                 std::string(to_string(a)).c_str(), std::string(to_string(dtype_of<T>)).c_str(), block, wrong);
-  }
-  RANK_CHECK(wrong == 0);
-  RANK_CHECK(in.guards_intact() && out.guards_intact());
-  if (!before.empty()) RANK_CHECK(std::memcmp(before.data(), in.data(), before.size()) == 0);
-}
-
-/// One all_to_allv whose counts come from `seed` (test::pair_count, up to `most` per pair,
-/// about a quarter zero): we send rank j pair_count(me, j) elements and receive
-/// pair_count(i, me) from rank i, which is what rank i computes it sends us.
-template <class T>
-void check_all_to_allv(communicator& comm, algo a, std::size_t most, std::size_t misalign,
-                       std::uint64_t seed) {
-  const int n = comm.size();
-  const int me = comm.rank();
-  std::vector<std::size_t> send_counts, recv_counts, send_at, recv_at;
-  std::size_t sent = 0, received = 0;
-  for (int p = 0; p < n; ++p) {
-    send_counts.push_back(test::pair_count(me, p, most, seed));
-    recv_counts.push_back(test::pair_count(p, me, most, seed));
-    send_at.push_back(sent);
-    recv_at.push_back(received);
-    sent += send_counts.back();
-    received += recv_counts.back();
-  }
-  test::guarded_buffer in(sent * sizeof(T), misalign), out(received * sizeof(T), (misalign + 5) % 8);
-  for (int j = 0; j < n; ++j) {
-    const auto uj = static_cast<std::size_t>(j);
-    for (std::size_t i = 0; i < send_counts[uj]; ++i) in.put(send_at[uj] + i, test::pair_value<T>(me, j, i, seed));
-  }
-  const std::vector<unsigned char> before(in.data(), in.data() + in.size());
-  comm.all_to_allv(in.data(), send_counts, out.data(), recv_counts, dtype_of<T>, {.algorithm = a});
-  std::size_t wrong = 0;
-  for (int from = 0; from < n; ++from) {
-    const auto uf = static_cast<std::size_t>(from);
-    for (std::size_t i = 0; i < recv_counts[uf]; ++i) {
-      if (!test::same_bits(out.get<T>(recv_at[uf] + i), test::pair_value<T>(from, me, i, seed))) ++wrong;
-    }
-  }
-  if (wrong != 0) {
-    std::fprintf(stderr, "[rank %d of %d] all_to_allv %s %s most %zu seed %llu: %zu wrong\n", me, n,
-                 std::string(to_string(a)).c_str(), std::string(to_string(dtype_of<T>)).c_str(), most,
-                 static_cast<unsigned long long>(seed), wrong);
-  }
-  RANK_CHECK(wrong == 0);
-  RANK_CHECK(in.guards_intact() && out.guards_intact());
-  if (!before.empty()) RANK_CHECK(std::memcmp(before.data(), in.data(), before.size()) == 0);
-}
-
-}  // namespace
+using namespace chorus::test;
 
 TEST_CASE("every all_to_all algorithm delivers block j of rank i's input to block i of rank j's output, for every dtype, 1 to 8 ranks") {
   for (int n : test::all_world_sizes) {
