@@ -2,15 +2,14 @@
 // barrier over real ranks: no rank leaves before every rank has arrived, checked through a
 // counter in memory every rank shares, never through timing.
 #include <doctest/doctest.h>
-#include <sys/mman.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <new>
 #include <thread>
 #include <vector>
 
+#include "collectives/shared_counters.hpp"
 #include "collectives/values.hpp"
 #include "support/multirank.hpp"
 
@@ -18,30 +17,6 @@ using namespace chorus;
 using chorus::test::run_ranks;
 
 namespace {
-
-/// Counters in an anonymous shared mapping made before run_ranks forks, so every rank (and
-/// the test) sees the same ones. std::atomic<int> is lock-free, hence address-free: it works
-/// across processes.
-class shared_counters {
- public:
-  explicit shared_counters(std::size_t n) : n_(n) {
-    static_assert(std::atomic<int>::is_always_lock_free);
-    void* p = ::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    c_ = static_cast<std::atomic<int>*>(p);
-    for (std::size_t i = 0; i < n_; ++i) new (&c_[i]) std::atomic<int>(0);
-  }
-  ~shared_counters() { ::munmap(c_, bytes()); }
-  shared_counters(const shared_counters&) = delete;
-  shared_counters& operator=(const shared_counters&) = delete;
-
-  std::atomic<int>& operator[](std::size_t i) { return c_[i]; }
-
- private:
-  std::size_t bytes() const { return n_ * sizeof(std::atomic<int>); }
-  std::size_t n_;
-  std::atomic<int>* c_ = nullptr;
-};
 
 /// In round k one rank arrives late (it naps first): a barrier that let anyone leave early
 /// would very likely show it. The nap only makes a wrong barrier easier to catch; no
@@ -70,7 +45,7 @@ void check_after_round(const communicator& comm, const std::atomic<int>& arrived
 TEST_CASE("no rank leaves barrier before every rank has arrived, 1 to 8 ranks") {
   for (int n : test::all_world_sizes) {
     CAPTURE(n);
-    shared_counters arrived(1);
+    test::shared_counters arrived(1);
     run_ranks(n, [&](communicator& comm) {
       for (int round = 1; round <= 12; ++round) {
         arrive_late_if_chosen(comm, round);
@@ -86,7 +61,7 @@ TEST_CASE("no rank leaves barrier before every rank has arrived, 1 to 8 ranks") 
 TEST_CASE("no rank's barrier_async completes before every rank has arrived") {
   for (int n : {3, 4}) {
     CAPTURE(n);
-    shared_counters arrived(1);
+    test::shared_counters arrived(1);
     run_ranks(n, [&](communicator& comm) {
       for (int round = 1; round <= 8; ++round) {
         arrive_late_if_chosen(comm, round);
@@ -100,7 +75,7 @@ TEST_CASE("no rank's barrier_async completes before every rank has arrived") {
 }
 
 TEST_CASE("a barrier queued behind async collectives still waits for every rank, and they are done by then") {
-  shared_counters arrived(1);
+  test::shared_counters arrived(1);
   run_ranks(5, [&](communicator& comm) {
     std::vector<float> grads(200000, 1.0f);
     auto r = comm.all_reduce_async(std::span(grads));
@@ -115,7 +90,7 @@ TEST_CASE("a barrier queued behind async collectives still waits for every rank,
 
 TEST_CASE("a barrier of a split sub-communicator waits for its own members only") {
   // Counter 0 counts arrivals of the group of 3, counter 1 of the group of 2.
-  shared_counters arrived(2);
+  test::shared_counters arrived(2);
   run_ranks(5, [&](communicator& comm) {
     const int color = comm.rank() < 3 ? 0 : 1;
     auto sub = comm.split(color, comm.rank());
