@@ -202,3 +202,89 @@ TEST_CASE("split sub-communicators of 3 and 2 ranks run broadcast, reduce, gathe
     RANK_CHECK(weights[0] == 9 && weights[299999] == 9);
   });
 }
+
+TEST_CASE("a group of one call of every algorithm of every collective, each with its own scratch, completes all of them exactly") {
+  for (int n : {3, 4, 5}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const int r = comm.rank();
+      const auto nn = static_cast<std::size_t>(comm.size());
+      const std::size_t count = 3001;
+      struct reduced {
+        std::vector<std::int32_t> in, out;
+      };
+      std::vector<reduced> ar, rs, rd;
+      std::vector<std::vector<std::int32_t>> ag, bc, ga, sc;
+      const std::vector<std::int32_t> mine(count, r + 1);
+      std::vector<std::int32_t> scatter_in(count * nn);
+      for (std::size_t i = 0; i < scatter_in.size(); ++i) scatter_in[i] = static_cast<std::int32_t>(i / count) + 100;
+      // Reserve first: the group holds pointers into these vectors until it completes.
+      const std::size_t most = 8;
+      ar.reserve(most), rs.reserve(most), rd.reserve(most), ag.reserve(most), bc.reserve(most), ga.reserve(most), sc.reserve(most);
+      comm.group_start();
+      for (algo a : algorithms_for(collective::all_reduce)) {
+        ar.push_back({mine, std::vector<std::int32_t>(count, -1)});
+        comm.all_reduce_async(std::span<const std::int32_t>(ar.back().in), std::span(ar.back().out), {.algorithm = a});
+      }
+      for (algo a : algorithms_for(collective::reduce_scatter)) {
+        rs.push_back({std::vector<std::int32_t>(count * nn, r + 1), std::vector<std::int32_t>(count, -1)});
+        comm.reduce_scatter_async(std::span<const std::int32_t>(rs.back().in), std::span(rs.back().out), {.algorithm = a});
+      }
+      for (algo a : algorithms_for(collective::all_gather)) {
+        ag.emplace_back(count * nn, -1);
+        comm.all_gather_async(std::span<const std::int32_t>(mine), std::span(ag.back()), {.algorithm = a});
+      }
+      for (algo a : algorithms_for(collective::reduce)) {
+        rd.push_back({mine, std::vector<std::int32_t>(r == 1 ? count : 0, -1)});
+        comm.reduce_async(std::span<const std::int32_t>(rd.back().in), std::span(rd.back().out), 1, {.algorithm = a});
+      }
+      for (algo a : algorithms_for(collective::broadcast)) {
+        bc.emplace_back(count, r == 2 ? 77 : -1);
+        comm.broadcast_async(std::span(bc.back()), 2, {.algorithm = a});
+      }
+      for (algo a : algorithms_for(collective::gather)) {
+        ga.emplace_back(r == 0 ? count * nn : 0, -1);
+        comm.gather_async(std::span<const std::int32_t>(mine), std::span(ga.back()), 0, {.algorithm = a});
+      }
+      for (algo a : algorithms_for(collective::scatter)) {
+        sc.emplace_back(count, -1);
+        comm.scatter_async(std::span<const std::int32_t>(scatter_in).first(r == 0 ? count * nn : 0), std::span(sc.back()), 0,
+                           {.algorithm = a});
+      }
+      comm.group_end().wait();
+      const int total = comm.size() * (comm.size() + 1) / 2;
+      auto every = [](const std::vector<std::int32_t>& v, auto&& want) {
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          if (v[i] != want(i)) return false;
+        }
+        return true;
+      };
+      for (const auto& x : ar) RANK_CHECK(every(x.out, [&](std::size_t) { return total; }));
+      for (const auto& x : rs) RANK_CHECK(every(x.out, [&](std::size_t) { return total; }));
+      for (const auto& x : ag) RANK_CHECK(every(x, [&](std::size_t i) { return static_cast<std::int32_t>(i / count) + 1; }));
+      for (const auto& x : rd) RANK_CHECK(every(x.out, [&](std::size_t) { return total; }));
+      for (const auto& x : bc) RANK_CHECK(every(x, [&](std::size_t) { return 77; }));
+      for (const auto& x : ga) RANK_CHECK(every(x, [&](std::size_t i) { return static_cast<std::int32_t>(i / count) + 1; }));
+      for (const auto& x : sc) RANK_CHECK(every(x, [&](std::size_t) { return r + 100; }));
+    });
+  }
+}
+
+TEST_CASE("a group of broadcasts from every root gives every rank each root's data") {
+  for (int n : {2, 5}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const auto nn = static_cast<std::size_t>(comm.size());
+      std::vector<std::vector<float>> from(nn);
+      comm.group_start();
+      for (std::size_t root = 0; root < nn; ++root) {
+        from[root].assign(10000 + root, comm.rank() == static_cast<int>(root) ? static_cast<float>(root) + 0.5f : -1.0f);
+        comm.broadcast_async(std::span(from[root]), static_cast<int>(root), {.algorithm = root % 2 == 0 ? algo::chain : algo::binomial});
+      }
+      comm.group_end().wait();
+      for (std::size_t root = 0; root < nn; ++root) {
+        RANK_CHECK(from[root].front() == static_cast<float>(root) + 0.5f && from[root].back() == static_cast<float>(root) + 0.5f);
+      }
+    });
+  }
+}
