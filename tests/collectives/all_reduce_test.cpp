@@ -102,6 +102,21 @@ TEST_CASE("every all_reduce algorithm with a small slice size pipelines many sli
   }
 }
 
+TEST_CASE("the tuner's automatic choice of all_reduce algorithm agrees across ranks at every size") {
+  for (int n : {3, 4, 8}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      std::uint64_t seed = 60;
+      for (std::size_t count : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, std::size_t{70000}, std::size_t{600001}}) {
+        check_all_reduce<float>(comm, reduce_op::sum, count, seed % 8, seed % 2 == 0, algo::automatic, seed);
+        ++seed;
+        check_all_reduce<std::int32_t>(comm, reduce_op::max, count, seed % 8, seed % 2 == 0, algo::automatic, seed);
+        ++seed;
+      }
+    });
+  }
+}
+
 TEST_CASE("all_reduce with one connection per peer and no spinning still completes") {
   run_ranks(3, [](communicator& comm) {
     check_all_reduce<float>(comm, reduce_op::sum, 100000, 0, true, algo::ring, 40);

@@ -130,3 +130,15 @@ TEST_CASE("the typed all_to_all(v) calls exchange between every pair, and their 
     });
   }
 }
+
+TEST_CASE("the tuner's automatic choice of all_to_all(v) algorithm agrees across ranks at every size") {
+  run_ranks(4, [](communicator& comm) {
+    std::uint64_t seed = 8200;
+    for (std::size_t block : {std::size_t{1}, std::size_t{300}, std::size_t{40000}, std::size_t{300001}}) {
+      check_all_to_all<float>(comm, algo::automatic, block, seed % 8, seed);
+      ++seed;
+      check_all_to_allv<std::int32_t>(comm, algo::automatic, block, seed % 8, seed);
+      ++seed;
+    }
+  });
+}

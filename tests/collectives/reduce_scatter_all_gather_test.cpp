@@ -177,6 +177,21 @@ TEST_CASE("reduce_scatter and all_gather with 4 KiB slices pipeline many slices 
   }
 }
 
+TEST_CASE("the tuner's automatic choice of reduce_scatter and all_gather algorithm agrees across ranks at every size") {
+  for (int n : {3, 4, 8}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      std::uint64_t seed = 360;
+      for (std::size_t block : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, std::size_t{70000}, std::size_t{300001}}) {
+        check_reduce_scatter<float>(comm, reduce_op::sum, block, seed % 8, seed % 2 == 0, algo::automatic, seed);
+        ++seed;
+        check_all_gather<std::int32_t>(comm, block, seed % 8, seed % 2 == 0, algo::automatic, seed);
+        ++seed;
+      }
+    });
+  }
+}
+
 TEST_CASE("async reduce_scatter and all_gather interleave with all_reduce in issue order") {
   run_ranks(4, [](communicator& comm) {
     const auto n = static_cast<std::size_t>(comm.size());

@@ -235,3 +235,24 @@ TEST_CASE("async rooted collectives with different roots and algorithms complete
     });
   }
 }
+
+TEST_CASE("the tuner's automatic choice of rooted algorithm agrees across ranks at every size") {
+  for (int n : {3, 8}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      std::uint64_t seed = 5200;
+      const int last = comm.size() - 1;
+      // From one element to past the point where the chain should take over.
+      for (std::size_t count : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, std::size_t{70000}, std::size_t{600001}}) {
+        check_broadcast<float>(comm, algo::automatic, count, last, 0, in_place_for(seed), seed);
+        ++seed;
+        check_reduce<float>(comm, sum, algo::automatic, count, 1, 1, in_place_for(seed), seed);
+        ++seed;
+        check_gather<std::int8_t>(comm, algo::automatic, count / 8, 0, 2, in_place_for(seed), seed);
+        ++seed;
+        check_scatter<std::int8_t>(comm, algo::automatic, count / 8, last, 3, in_place_for(seed), seed);
+        ++seed;
+      }
+    });
+  }
+}
