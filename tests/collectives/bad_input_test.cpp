@@ -283,6 +283,28 @@ TEST_CASE("an algorithm a collective does not have is invalid_argument naming th
   });
 }
 
+TEST_CASE("typed rooted and all_to_all calls check their spans' sizes where the rank uses them") {
+  run_ranks(3, [](communicator& comm) {
+    const bool root = comm.rank() == 0;
+    std::vector<float> a(8, 1.0f), b(24), c(23), d(24);
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all(std::span<const float>(c), std::span(c)), "3 equal blocks, not 23 and 23");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all(std::span<const float>(b), std::span(d).first(21)), "not 24 and 21");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all_async(std::span<const float>(b).first(21), std::span(d)), "not 21 and 24");
+    if (root) {  // the root's buffers only: the others' are not looked at
+      RANK_CHECK_REFUSED_NAMING(comm.reduce(std::span<const float>(a), std::span(b).first(7), 0), "buffer sizes do not match");
+      RANK_CHECK_REFUSED_NAMING(comm.gather(std::span<const float>(a), std::span(c), 0), "23 elements where 8 x 3");
+      RANK_CHECK_REFUSED_NAMING(comm.scatter_async(std::span<const float>(c), std::span(a), 0), "23 elements where 8 x 3");
+    }
+    // The same calls are fine where the rank is not the root: their big buffers are unused.
+    comm.reduce(std::span<const float>(a), std::span(b).first(root ? 8 : 7), 0);
+    comm.gather(std::span<const float>(a), root ? std::span(b) : std::span(c), 0);
+    if (root) RANK_CHECK(b[23] == 1.0f);
+    comm.scatter(root ? std::span<const float>(b) : std::span<const float>(c), std::span(a), 0);
+    RANK_CHECK(a[7] == 1.0f);
+    still_works(comm);
+  });
+}
+
 TEST_CASE("all_to_allv counts of the wrong length, or that disagree with the buffers or with themselves, are invalid_argument") {
   run_ranks(3, [](communicator& comm) {
     const auto me = static_cast<std::size_t>(comm.rank());
@@ -389,6 +411,25 @@ TEST_CASE("a blocking call refused inside a group on one rank only consumes noth
     if (comm.rank() == 0) comm.send(std::span<const float>(v), 1);
     if (comm.rank() == 1) comm.recv(std::span(v), 0);
     RANK_CHECK(v[0] == 1.0f);
+  });
+}
+
+TEST_CASE("an invalid call inside a group is refused at once, and the rest of the group runs") {
+  run_ranks(3, [](communicator& comm) {
+    std::vector<float> v(100, comm.rank() == 0 ? 3.0f : -1.0f), w(100, 1.0f);
+    comm.group_start();
+    auto b = comm.broadcast_async(std::span(v), 0);
+    if (comm.rank() == 2) {  // one rank alone adds calls that are refused
+      RANK_CHECK_REFUSED_NAMING(comm.broadcast_async(std::span(w), 3), "root 3 is not a rank");
+      RANK_CHECK_REFUSED_NAMING(comm.reduce_async(w.data(), w.data(), w.size(), dtype::float32, 0, {.algorithm = algo::ring}), "reduce has no ring algorithm");
+      RANK_CHECK_REFUSED_NAMING(comm.send_async(std::span<const float>(w), 2), "cannot send to or receive from itself");
+    }
+    auto r = comm.all_reduce_async(std::span(w));
+    comm.group_end().wait();
+    RANK_CHECK(b.test() && r.test());
+    RANK_CHECK(v[99] == 3.0f && w[99] == 3.0f);
+    RANK_CHECK_THROWS_CODE(comm.group_end(), errc::invalid_argument);  // no group is open
+    still_works(comm);
   });
 }
 
@@ -579,5 +620,20 @@ TEST_CASE("an all_to_allv whose send count to a peer differs from that peer's re
       comm.all_to_allv(std::span<const float>(in), std::span<const std::size_t>(send), std::span(out),
                        std::span<const std::size_t>(recv));
     }, {"count=0", "count=3"});
+    expect_mismatch_naming(n, [](communicator& comm) {
+      // A count against a zero: rank 0 sends rank 1 three elements, rank 1 expects none.
+      const auto nn = static_cast<std::size_t>(comm.size());
+      std::vector<std::size_t> send(nn, 1), recv(nn, 1);
+      if (comm.rank() == 0) send[1] = 3;
+      if (comm.rank() == 1) recv[0] = 0;
+      std::size_t s = 0, r = 0;
+      for (std::size_t i = 0; i < nn; ++i) {
+        s += send[i];
+        r += recv[i];
+      }
+      std::vector<float> in(s, 1.0f), out(r);
+      comm.all_to_allv(std::span<const float>(in), std::span<const std::size_t>(send), std::span(out),
+                       std::span<const std::size_t>(recv));
+    }, {"count=3", "count=0"});
   }
 }
