@@ -23,7 +23,7 @@ namespace {
 /// assertion depends on how long anything takes.
 void arrive_late_if_chosen(const communicator& comm, int round) {
   if (comm.size() > 1 && round % comm.size() == comm.rank()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
@@ -46,15 +46,17 @@ TEST_CASE("no rank leaves barrier before every rank has arrived, 1 to 8 ranks") 
   for (int n : test::all_world_sizes) {
     CAPTURE(n);
     test::shared_counters arrived(1);
+    // Every rank arrives late twice.
+    const int rounds = 2 * n + 2;
     run_ranks(n, [&](communicator& comm) {
-      for (int round = 1; round <= 12; ++round) {
+      for (int round = 1; round <= rounds; ++round) {
         arrive_late_if_chosen(comm, round);
         arrived[0].fetch_add(1);
         comm.barrier();
         check_after_round(comm, arrived[0], round);
       }
     });
-    CHECK(arrived[0].load() == 12 * n);
+    CHECK(arrived[0].load() == rounds * n);
   }
 }
 
