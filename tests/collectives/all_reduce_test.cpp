@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// all_reduce over real TCP ranks: every dtype and op, odd sizes, unaligned buffers, async.
+// all_reduce over real ranks: every algorithm, dtype and op, odd sizes, unaligned buffers, async.
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "collectives/values.hpp"
@@ -14,47 +15,45 @@ using chorus::test::run_ranks;
 namespace {
 
 /// Runs one all_reduce of `count` elements at byte offset `misalign` and checks every
-/// element against the exact expected value. Returns nothing; failures are RANK_CHECKs.
+/// element against the exact expected value, the input (out of place) and the bytes around
+/// both buffers. Returns nothing; failures are RANK_CHECKs.
 template <class T>
 void check_all_reduce(communicator& comm, reduce_op op, std::size_t count, std::size_t misalign,
                       bool in_place, algo a, std::uint64_t seed) {
   const std::size_t bytes = count * sizeof(T);
-  std::vector<unsigned char> in_buf(bytes + 16), out_buf(bytes + 16);
-  unsigned char* in = in_buf.data() + misalign;
-  unsigned char* out = in_place ? in : out_buf.data() + (misalign + 3) % 8;
-  for (std::size_t i = 0; i < count; ++i) {
-    const T v = test::input_value<T>(op, comm.rank(), i, seed);
-    std::memcpy(in + i * sizeof(T), &v, sizeof(T));
-  }
-  std::vector<unsigned char> before(in, in + bytes);
-  comm.all_reduce(in, out, count, dtype_of<T>, {.op = op, .algorithm = a});
+  test::guarded_buffer in(bytes, misalign), out_buf(bytes, (misalign + 3) % 8);
+  for (std::size_t i = 0; i < count; ++i) in.put(i, test::input_value<T>(op, comm.rank(), i, seed));
+  test::guarded_buffer& out = in_place ? in : out_buf;
+  std::vector<unsigned char> before(in.data(), in.data() + bytes);
+  comm.all_reduce(in.data(), out.data(), count, dtype_of<T>, {.op = op, .algorithm = a});
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < count; ++i) {
-    T got;
-    std::memcpy(&got, out + i * sizeof(T), sizeof(T));
-    if (!test::same_bits(got, test::expected_value<T>(op, comm.size(), i, seed))) ++wrong;
+    if (!test::same_bits(out.get<T>(i), test::expected_value<T>(op, comm.size(), i, seed))) ++wrong;
   }
   if (wrong != 0) {
-    std::fprintf(stderr, "[rank %d] %s %s count %zu misalign %zu %s %s: %zu wrong\n",
-                 comm.rank(), std::string(to_string(dtype_of<T>)).c_str(),
+    std::fprintf(stderr, "[rank %d of %d] %s %s count %zu misalign %zu %s %s: %zu wrong\n",
+                 comm.rank(), comm.size(), std::string(to_string(dtype_of<T>)).c_str(),
                  std::string(to_string(op)).c_str(), count, misalign,
                  in_place ? "in-place" : "out-of-place", std::string(to_string(a)).c_str(), wrong);
   }
   RANK_CHECK(wrong == 0);
-  if (!in_place && bytes > 0) RANK_CHECK(std::memcmp(before.data(), in, bytes) == 0);  // input untouched
+  RANK_CHECK(in.guards_intact() && out.guards_intact());
+  if (!in_place && bytes > 0) RANK_CHECK(std::memcmp(before.data(), in.data(), bytes) == 0);  // input untouched
 }
 
-void every_dtype_and_op(communicator& comm) {
+void every_dtype_op_and_algorithm(communicator& comm) {
   const std::size_t n = static_cast<std::size_t>(comm.size());
   std::uint64_t seed = 1;
   for (dtype t : test::all_dtypes) {
     for (reduce_op op : test::all_ops) {
       if (op == reduce_op::avg && !is_floating(t)) continue;
       test::with_dtype(t, [&]<class T>() {
-        // Counts: empty, one, fewer than ranks, a prime, and enough for several slices.
-        for (std::size_t count : {std::size_t{0}, std::size_t{1}, n - 1, std::size_t{1009}}) {
-          for (algo a : {algo::ring, algo::recursive_doubling}) {
-            check_all_reduce<T>(comm, op, count, seed % 7, seed % 2 == 0, a, seed);
+        // Counts: empty, one, fewer than ranks, more than ranks but not a multiple of them,
+        // and a prime.
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, n - 1, 2 * n + 1, std::size_t{1009}}) {
+          for (algo a : algorithms_for(collective::all_reduce)) {
+            const std::uint64_t h = test::mix(seed);
+            check_all_reduce<T>(comm, op, count, h % 8, (h >> 8) % 2 == 0, a, seed);
             ++seed;
           }
         }
@@ -65,35 +64,57 @@ void every_dtype_and_op(communicator& comm) {
 
 }  // namespace
 
-TEST_CASE("all_reduce gives every rank the exact reduction for every dtype and op, 1 to 8 ranks") {
+TEST_CASE("every all_reduce algorithm gives every rank the exact reduction for every dtype and op, 1 to 8 ranks") {
   for (int n : test::all_world_sizes) {
     CAPTURE(n);
-    run_ranks(n, every_dtype_and_op, {.deadline = std::chrono::seconds(240)});
+    run_ranks(n, every_dtype_op_and_algorithm, {.deadline = std::chrono::seconds(240)});
   }
 }
 
-TEST_CASE("all_reduce is exact for buffers of many slices, in place and out of place") {
+TEST_CASE("every all_reduce algorithm is exact for buffers of many slices, in place and out of place") {
   for (int n : {2, 3, 5}) {
     CAPTURE(n);
     run_ranks(n, [](communicator& comm) {
       // 3 MiB of float plus a prime tail: six 512 KiB slices per chunk at n = 2.
       const std::size_t count = (3u << 18) + 7;
-      check_all_reduce<float>(comm, reduce_op::sum, count, 0, true, algo::ring, 11);
-      check_all_reduce<float>(comm, reduce_op::max, count, 1, false, algo::ring, 12);
-      check_all_reduce<half>(comm, reduce_op::sum, count, 2, false, algo::ring, 13);
-      check_all_reduce<std::int64_t>(comm, reduce_op::sum, count / 2, 0, false, algo::recursive_doubling, 14);
+      std::uint64_t seed = 11;
+      for (algo a : algorithms_for(collective::all_reduce)) {
+        check_all_reduce<float>(comm, reduce_op::sum, count, 0, true, a, seed++);
+        check_all_reduce<half>(comm, reduce_op::avg, count, 2, false, a, seed++);
+        check_all_reduce<std::int64_t>(comm, reduce_op::max, count / 2, 1, false, a, seed++);
+      }
     });
   }
 }
 
-TEST_CASE("all_reduce with a small slice size pipelines many slices per step") {
-  run_ranks(4, [](communicator& comm) {
-    for (std::uint64_t seed = 20; seed < 30; ++seed) {
-      const std::size_t count = test::mix(seed) % 50000;
-      check_all_reduce<double>(comm, reduce_op::sum, count, seed % 5, seed % 2 == 1, algo::ring, seed);
-      check_all_reduce<std::uint8_t>(comm, reduce_op::prod, count, seed % 3, seed % 2 == 0, algo::recursive_doubling, seed);
-    }
-  }, {.env = {{"CHORUS_SLICE_BYTES", "4096"}, {"CHORUS_SLICES_IN_FLIGHT", "3"}}});
+TEST_CASE("every all_reduce algorithm with a small slice size pipelines many slices per step") {
+  for (int n : {4, 5}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      for (std::uint64_t seed = 20; seed < 24; ++seed) {
+        const std::size_t count = test::mix(seed) % 50000;
+        for (algo a : algorithms_for(collective::all_reduce)) {
+          check_all_reduce<double>(comm, reduce_op::sum, count, seed % 5, seed % 2 == 1, a, seed);
+          check_all_reduce<std::uint8_t>(comm, reduce_op::prod, count, seed % 3, seed % 2 == 0, a, seed);
+        }
+      }
+    }, {.env = {{"CHORUS_SLICE_BYTES", "4096"}, {"CHORUS_SLICES_IN_FLIGHT", "3"}}});
+  }
+}
+
+TEST_CASE("the tuner's automatic choice of all_reduce algorithm agrees across ranks at every size") {
+  for (int n : {3, 4, 8}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      std::uint64_t seed = 60;
+      for (std::size_t count : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, std::size_t{70000}, std::size_t{600001}}) {
+        check_all_reduce<float>(comm, reduce_op::sum, count, seed % 8, seed % 2 == 0, algo::automatic, seed);
+        ++seed;
+        check_all_reduce<std::int32_t>(comm, reduce_op::max, count, seed % 8, seed % 2 == 0, algo::automatic, seed);
+        ++seed;
+      }
+    });
+  }
 }
 
 TEST_CASE("all_reduce with one connection per peer and no spinning still completes") {
@@ -132,9 +153,9 @@ TEST_CASE("several async all_reduces in flight complete in issue order with corr
   }
 }
 
-TEST_CASE("every rank gets bit-identical float results from random non-integer data") {
+TEST_CASE("every rank gets bit-identical float results from random non-integer data, whatever the algorithm") {
   run_ranks(5, [](communicator& comm) {
-    for (algo a : {algo::ring, algo::recursive_doubling}) {
+    for (algo a : algorithms_for(collective::all_reduce)) {
       std::vector<float> v(4099);
       for (std::size_t i = 0; i < v.size(); ++i) {
         v[i] = static_cast<float>(test::mix(i * 7 + static_cast<std::size_t>(comm.rank())) % 100000) / 977.0f;

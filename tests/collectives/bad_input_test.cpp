@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// Bad input gets a clear chorus::error, never a hang: sizes, pointers, env, peers.
+// Bad input gets a clear chorus::error, never a hang: sizes, pointers, roots, counts,
+// algorithms, env, peers, and calls that differ across ranks.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <string>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "collectives/shared_counters.hpp"
 #include "support/multirank.hpp"
 
 using namespace chorus;
@@ -198,4 +202,438 @@ TEST_CASE("a peer that exits early turns the survivors' operation into an error 
       RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
     }
   }, {.deadline = std::chrono::seconds(60), .env = {{"CHORUS_TIMEOUT", "20"}}});
+}
+
+// --- rooted collectives, all_to_all(v) and algorithm choices -----------------------------
+
+namespace {
+
+/// A collective every rank can check after a refused call: it runs only if the refusal
+/// consumed nothing (no operation number, no message), since the ranks must still agree.
+void still_works(communicator& comm) {
+  const int root = comm.size() - 1;
+  std::vector<std::int32_t> v(1000, comm.rank() == root ? 17 : -1);
+  comm.broadcast(std::span(v), root);
+  RANK_CHECK(v[0] == 17 && v[999] == 17);
+  std::vector<std::int32_t> one{1};
+  comm.all_reduce(std::span(one));
+  RANK_CHECK(one[0] == comm.size());
+}
+
+/// Asserts that `expr` throws errc::invalid_argument whose message contains `needle`.
+#define RANK_CHECK_REFUSED_NAMING(expr, needle)                                              \
+  do {                                                                                    \
+    bool named_ = false;                                                                  \
+    try {                                                                                 \
+      expr;                                                                               \
+    } catch (const ::chorus::error& e_) {                                                 \
+      named_ = e_.code() == errc::invalid_argument && std::string(e_.what()).find(needle) != std::string::npos; \
+      if (!named_) std::fprintf(stderr, "[rank %d] %s: %s\n", comm.rank(), #expr, e_.what()); \
+    }                                                                                     \
+    if (!named_) std::fprintf(stderr, "[rank %d] %s:%d: %s not refused naming '%s'\n",      \
+                              comm.rank(), __FILE__, __LINE__, #expr, std::string(needle).c_str()); \
+    RANK_CHECK(named_);                                                                   \
+  } while (0)
+
+}  // namespace
+
+TEST_CASE("a root outside the communicator, or negative, is invalid_argument for every rooted call, and consumes nothing") {
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const auto nn = static_cast<std::size_t>(comm.size());
+      std::vector<float> data(8, 1.0f), big(8 * nn);
+      for (int root : {comm.size(), -1, comm.size() + 7, std::numeric_limits<int>::min()}) {
+        const std::string says = "root " + std::to_string(root) + " is not a rank";
+        RANK_CHECK_REFUSED_NAMING(comm.broadcast(std::span(data), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.broadcast_async(std::span(data), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.reduce(std::span(data), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.reduce(std::span<const float>(data), std::span(big).first(8), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.reduce_async(std::span<const float>(data), std::span(big).first(8), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.gather(std::span<const float>(data), std::span(big), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.gather_async(std::span<const float>(data), std::span(big), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.scatter(std::span<const float>(big), std::span(data), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.scatter_async(std::span<const float>(big), std::span(data), root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.broadcast(data.data(), data.data(), 8, dtype::float32, root), says);
+        RANK_CHECK_REFUSED_NAMING(comm.gather(data.data(), big.data(), 8, dtype::float32, root), says);
+      }
+      still_works(comm);
+    });
+  }
+}
+
+TEST_CASE("an algorithm a collective does not have is invalid_argument naming the ones it has") {
+  run_ranks(2, [](communicator& comm) {
+    std::vector<float> a(8, 1.0f), b(16), c(8), d(16);
+    const std::vector<std::size_t> counts{4, 4};
+    RANK_CHECK_REFUSED_NAMING(comm.broadcast(std::span(a), 0, {.algorithm = algo::ring}), "it has chain, binomial");
+    RANK_CHECK_REFUSED_NAMING(comm.reduce(std::span(a), 0, {.algorithm = algo::direct}), "it has chain, binomial");
+    RANK_CHECK_REFUSED_NAMING(comm.gather(std::span<const float>(a), std::span(b), 0, {.algorithm = algo::chain}), "it has direct, binomial");
+    RANK_CHECK_REFUSED_NAMING(comm.scatter(std::span<const float>(b), std::span(a), 0, {.algorithm = algo::tree}), "it has direct, binomial");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all(std::span<const float>(b), std::span(d), {.algorithm = algo::bruck}), "it has direct");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(std::span<const float>(a), std::span<const std::size_t>(counts), std::span(c),
+                                               std::span<const std::size_t>(counts), {.algorithm = algo::ring}), "it has direct");
+    RANK_CHECK_REFUSED_NAMING(comm.all_reduce(std::span(a), {.algorithm = algo::bruck}), "all_reduce has no bruck algorithm");
+    RANK_CHECK_REFUSED_NAMING(comm.reduce_scatter(std::span<const float>(b), std::span(a), {.algorithm = algo::recursive_doubling}),
+                              "reduce_scatter has no recursive_doubling algorithm");
+    RANK_CHECK_REFUSED_NAMING(comm.all_gather(std::span<const float>(a), std::span(b), {.algorithm = algo::dissemination}),
+                              "all_gather has no dissemination algorithm");
+    RANK_CHECK_REFUSED_NAMING(comm.broadcast(std::span(a), 0, {.algorithm = static_cast<algo>(200)}), "has no");
+    still_works(comm);
+  });
+}
+
+TEST_CASE("typed rooted and all_to_all calls check their spans' sizes where the rank uses them") {
+  run_ranks(3, [](communicator& comm) {
+    const bool root = comm.rank() == 0;
+    std::vector<float> a(8, 1.0f), b(24), c(23), d(24);
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all(std::span<const float>(c), std::span(c)), "3 equal blocks, not 23 and 23");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all(std::span<const float>(b), std::span(d).first(21)), "not 24 and 21");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all_async(std::span<const float>(b).first(21), std::span(d)), "not 21 and 24");
+    if (root) {  // the root's buffers only: the others' are not looked at
+      RANK_CHECK_REFUSED_NAMING(comm.reduce(std::span<const float>(a), std::span(b).first(7), 0), "buffer sizes do not match");
+      RANK_CHECK_REFUSED_NAMING(comm.gather(std::span<const float>(a), std::span(c), 0), "23 elements where 8 x 3");
+      RANK_CHECK_REFUSED_NAMING(comm.scatter_async(std::span<const float>(c), std::span(a), 0), "23 elements where 8 x 3");
+    }
+    // The same calls are fine where the rank is not the root: their big buffers are unused.
+    comm.reduce(std::span<const float>(a), std::span(b).first(root ? 8 : 7), 0);
+    comm.gather(std::span<const float>(a), root ? std::span(b) : std::span(c), 0);
+    if (root) RANK_CHECK(b[23] == 1.0f);
+    comm.scatter(root ? std::span<const float>(b) : std::span<const float>(c), std::span(a), 0);
+    RANK_CHECK(a[7] == 1.0f);
+    still_works(comm);
+  });
+}
+
+TEST_CASE("all_to_allv counts of the wrong length, or that disagree with the buffers or with themselves, are invalid_argument") {
+  run_ranks(3, [](communicator& comm) {
+    const auto me = static_cast<std::size_t>(comm.rank());
+    std::vector<float> in(30, 1.0f), out(30);
+    const std::vector<std::size_t> two{10, 20}, four{5, 5, 10, 10}, three{10, 10, 10};
+    auto v = [](const std::vector<std::size_t>& c) { return std::span<const std::size_t>(c); };
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(std::span<const float>(in), v(two), std::span(out), v(three)), "one send and one receive count per rank (3)");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(std::span<const float>(in), v(three), std::span(out), v(four)), "not 3 and 4");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv_async(std::span<const float>(in), v(four), std::span(out), v(four)), "not 4 and 4");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(in.data(), v(two), out.data(), v(two), dtype::float32), "not 2 and 2");
+    // The counts must describe the buffers exactly.
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(std::span<const float>(in).first(29), v(three), std::span(out), v(three)), "add up to 30");
+    // What we send ourselves is what we expect from ourselves.
+    std::vector<std::size_t> self = three;
+    self[me] = 9;
+    self[(me + 1) % 3] = 11;
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(std::span<const float>(in), v(self), std::span(out), v(three)), "sends itself 9 elements but expects 10");
+    // A count list whose sum overflows.
+    const std::vector<std::size_t> huge{std::numeric_limits<std::size_t>::max() / 2, std::numeric_limits<std::size_t>::max() / 2, 2};
+    RANK_CHECK_THROWS_CODE(comm.all_to_allv(in.data(), v(huge), out.data(), v(huge), dtype::float32), errc::invalid_argument);
+    still_works(comm);
+  });
+}
+
+TEST_CASE("all_to_all and all_to_allv refuse to run in place or on overlapping buffers") {
+  run_ranks(3, [](communicator& comm) {
+    std::vector<std::int32_t> buf(30, 1);
+    const std::vector<std::size_t> counts{10, 10, 10};
+    auto c = std::span<const std::size_t>(counts);
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all(buf.data(), buf.data(), 10, dtype::int32), "all_to_all does not run in place");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_all_async(buf.data(), buf.data() + 5, 5, dtype::int32), "does not run in place");
+    RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(buf.data(), c, buf.data(), c, dtype::int32), "all_to_allv does not run in place");
+    still_works(comm);
+  });
+}
+
+TEST_CASE("overlapping buffers that are not broadcast's, reduce's, gather's or scatter's in-place form are refused") {
+  run_ranks(3, [](communicator& comm) {
+    // Every rank is root of its own refused call here, so each refuses on its own.
+    const int root = comm.rank();
+    std::vector<float> buf(64, 1.0f);
+    float* p = buf.data();
+    RANK_CHECK_REFUSED_NAMING(comm.broadcast(p, p + 1, 8, dtype::float32, root), "overlap without being in place");
+    RANK_CHECK_REFUSED_NAMING(comm.reduce(p + 3, p, 8, dtype::float32, root), "overlap without being in place");
+    // gather in place is in == out + root * block; scatter's is out == in + root * block.
+    RANK_CHECK_REFUSED_NAMING(comm.gather(p + root * 4 + 1, p, 4, dtype::float32, root), "overlap without being in place");
+    RANK_CHECK_REFUSED_NAMING(comm.gather(p + ((root + 1) % 3) * 4, p, 4, dtype::float32, root), "overlap without being in place");
+    RANK_CHECK_REFUSED_NAMING(comm.scatter(p, p + root * 4 + 2, 4, dtype::float32, root), "overlap without being in place");
+    RANK_CHECK_REFUSED_NAMING(comm.scatter(p, p + ((root + 2) % 3) * 4, 4, dtype::float32, root), "overlap without being in place");
+    still_works(comm);
+  });
+}
+
+TEST_CASE("a null buffer the rank needs is refused on that rank alone, and its peers, which made no call, still agree with it") {
+  run_ranks(3, [](communicator& comm) {
+    const bool root = comm.rank() == 1;
+    std::vector<float> buf(12, 1.0f);
+    // Only rank 1 makes the refused calls; the others make none. Had a refusal taken an
+    // operation number, the collectives after it would not match.
+    if (root) {
+      RANK_CHECK_REFUSED_NAMING(comm.broadcast(nullptr, buf.data(), 4, dtype::float32, 1), "input is null but holds 4 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.broadcast(buf.data(), nullptr, 4, dtype::float32, 1), "output is null but holds 4 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.reduce(buf.data(), nullptr, 4, dtype::float32, 1), "output is null but holds 4 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.reduce_async(nullptr, buf.data(), 4, dtype::float32, 1), "input is null");
+      RANK_CHECK_REFUSED_NAMING(comm.gather(buf.data(), nullptr, 4, dtype::float32, 1), "output is null but holds 12 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.scatter(nullptr, buf.data(), 4, dtype::float32, 1), "input is null but holds 12 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.all_to_all(nullptr, buf.data(), 4, dtype::float32), "input is null");
+    } else {
+      // A non-root needs no input for broadcast and no output for reduce or gather, but it
+      // needs its own input of reduce and gather and its output of scatter.
+      RANK_CHECK_REFUSED_NAMING(comm.reduce(nullptr, nullptr, 4, dtype::float32, 1), "input is null but holds 4 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.gather(nullptr, nullptr, 4, dtype::float32, 1), "input is null but holds 4 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.scatter(nullptr, nullptr, 4, dtype::float32, 1), "output is null but holds 4 elements");
+      RANK_CHECK_REFUSED_NAMING(comm.broadcast(nullptr, nullptr, 4, dtype::float32, 1), "output is null but holds 4 elements");
+    }
+    still_works(comm);
+    // And the calls that pass null where the API allows it run.
+    std::vector<float> got(4, -1.0f);
+    comm.broadcast(root ? buf.data() : nullptr, got.data(), 4, dtype::float32, 1);
+    RANK_CHECK(got[3] == 1.0f);
+    comm.reduce(buf.data(), root ? got.data() : nullptr, 4, dtype::float32, 1);
+    if (root) RANK_CHECK(got[3] == 3.0f);
+    // In place on the root (its block of the output is its input), no output elsewhere.
+    comm.gather(root ? buf.data() + 4 : buf.data(), root ? buf.data() : nullptr, 4, dtype::float32, 1, {.algorithm = algo::binomial});
+    RANK_CHECK(buf[11] == 1.0f);
+    comm.scatter(root ? buf.data() : nullptr, got.data(), 4, dtype::float32, 1);
+    RANK_CHECK(got[0] == 1.0f);
+  });
+}
+
+TEST_CASE("a blocking call refused inside a group on one rank only consumes nothing") {
+  run_ranks(3, [](communicator& comm) {
+    std::vector<float> v(4, 1.0f);
+    if (comm.rank() == 0) {
+      comm.group_start();
+      RANK_CHECK_REFUSED_NAMING(comm.broadcast(std::span(v), 0), "a blocking call inside a group");
+      std::vector<float> w(3);
+      RANK_CHECK_REFUSED_NAMING(comm.all_to_all(std::span<const float>(v).first(3), std::span(w)), "a blocking call inside a group");
+      RANK_CHECK_REFUSED_NAMING(comm.send(std::span<const float>(v), 1), "a blocking call inside a group");
+      comm.group_end().wait();
+    }
+    still_works(comm);
+    // The pair 0 -> 1 still agrees on its message numbers.
+    if (comm.rank() == 0) comm.send(std::span<const float>(v), 1);
+    if (comm.rank() == 1) comm.recv(std::span(v), 0);
+    RANK_CHECK(v[0] == 1.0f);
+  });
+}
+
+TEST_CASE("an invalid call inside a group is refused at once, and the rest of the group runs") {
+  run_ranks(3, [](communicator& comm) {
+    std::vector<float> v(100, comm.rank() == 0 ? 3.0f : -1.0f), w(100, 1.0f);
+    comm.group_start();
+    auto b = comm.broadcast_async(std::span(v), 0);
+    if (comm.rank() == 2) {  // one rank alone adds calls that are refused
+      RANK_CHECK_REFUSED_NAMING(comm.broadcast_async(std::span(w), 3), "root 3 is not a rank");
+      RANK_CHECK_REFUSED_NAMING(comm.reduce_async(w.data(), w.data(), w.size(), dtype::float32, 0, {.algorithm = algo::ring}), "reduce has no ring algorithm");
+      RANK_CHECK_REFUSED_NAMING(comm.send_async(std::span<const float>(w), 2), "cannot send to or receive from itself");
+    }
+    auto r = comm.all_reduce_async(std::span(w));
+    comm.group_end().wait();
+    RANK_CHECK(b.test() && r.test());
+    RANK_CHECK(v[99] == 3.0f && w[99] == 3.0f);
+    RANK_CHECK_THROWS_CODE(comm.group_end(), errc::invalid_argument);  // no group is open
+    still_works(comm);
+  });
+}
+
+TEST_CASE("a bad CHORUS_ALGO fails communicator creation with invalid_argument naming it") {
+  struct bad { const char* value; const char* names; };
+  for (bad b : {bad{"allreduce:bogus", "'bogus' is not an algorithm"}, bad{"bogus:ring", "'bogus' is not a collective"},
+                bad{"allgather:tree", "all_gather has no tree algorithm"}, bad{"broadcast:ring", "broadcast has no ring algorithm"},
+                bad{"gather:chain;scatter:direct", "gather has no chain algorithm"}, bad{"alltoall", "not an algorithm"},
+                bad{"reduce", "not an algorithm"}, bad{"allreduce=ring", "not an algorithm"}}) {
+    CAPTURE(b.value);
+    run_ranks(2, [b](communicator& comm) {
+      // Every rank creates a second communicator, as a job would at start: it must fail
+      // before any rank waits on another.
+      ::setenv("CHORUS_ALGO", b.value, 1);
+      bool named = false;
+      try {
+        (void)communicator::from_env<auto_transport>();
+      } catch (const error& e) {
+        const std::string what = e.what();
+        named = e.code() == errc::invalid_argument && what.find("CHORUS_ALGO") != std::string::npos &&
+                what.find(b.names) != std::string::npos;
+        if (!named) std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
+      }
+      RANK_CHECK(named);
+      ::unsetenv("CHORUS_ALGO");
+      still_works(comm);
+    });
+  }
+}
+
+namespace {
+
+/// Runs `call` on every rank, where some ranks' arguments differ from the others'. Each rank
+/// either fails the call itself (mismatch where it compared, remote_error or connection_lost
+/// where a peer told it or left), or finishes it (it only sent, and the sends went out) and
+/// then fails its next call. No rank hangs, and at least one rank fails the call itself with
+/// errc::mismatch naming both calls: every string in `names`.
+void expect_mismatch_naming(int n, const std::function<void(communicator&)>& call,
+                            const std::vector<std::string>& names,
+                            const std::map<std::string, std::string>& env = {}) {
+  // Per rank: 1 + the errc of the call (0: it finished), 1 if it said mismatch naming both,
+  // and 1 + the errc of the next call where the first finished.
+  test::shared_counters board(3 * static_cast<std::size_t>(n));
+  auto allowed = [](errc c) { return c == errc::mismatch || c == errc::remote_error || c == errc::connection_lost; };
+  std::map<std::string, std::string> e = env;
+  e.emplace("CHORUS_TIMEOUT", "10");
+  run_ranks(n, [&](communicator& comm) {
+    const auto at = 3 * static_cast<std::size_t>(comm.rank());
+    try {
+      call(comm);
+    } catch (const error& err) {
+      std::fprintf(stderr, "[rank %d] %s: %s\n", comm.rank(), std::string(to_string(err.code())).c_str(), err.what());
+      board[at] = 1 + static_cast<int>(err.code());
+      RANK_CHECK(allowed(err.code()));
+      bool all = err.code() == errc::mismatch;
+      for (const auto& s : names) all = all && std::string(err.what()).find(s) != std::string::npos;
+      board[at + 1] = all ? 1 : 0;
+      return;
+    }
+    std::vector<int> next{1};
+    try {
+      comm.all_reduce(std::span(next));
+      RANK_CHECK(false);  // the peers failed: this rank cannot go on as if nothing happened
+    } catch (const error& err) {
+      std::fprintf(stderr, "[rank %d] finished the call; its next failed: %s\n", comm.rank(), err.what());
+      board[at + 2] = 1 + static_cast<int>(err.code());
+      RANK_CHECK(allowed(err.code()));
+    }
+  }, {.deadline = std::chrono::seconds(60), .env = e});
+  int named = 0;
+  for (int r = 0; r < n; ++r) named += board[3 * static_cast<std::size_t>(r) + 1].load();
+  CHECK_MESSAGE(named > 0, "no rank failed the mismatched call itself with a mismatch naming both calls");
+}
+
+template <class F>
+std::function<void(communicator&)> for_rank_1_and_others(F f) {
+  return [f](communicator& comm) { f(comm, comm.rank() == 1); };
+}
+
+}  // namespace
+
+TEST_CASE("different roots on different ranks are a mismatch naming both roots, for every rooted collective and algorithm") {
+  for (int n : {3, 4}) {
+    CAPTURE(n);
+    for (algo a : algorithms_for(collective::broadcast)) {
+      const std::string algorithm(to_string(a));
+      SUBCASE(("broadcast " + algorithm).c_str()) {
+        expect_mismatch_naming(n, for_rank_1_and_others([a](communicator& comm, bool odd) {
+          std::vector<float> v(1000, 1.0f);
+          comm.broadcast(std::span(v), odd ? 1 : 0, {.algorithm = a});
+        }), {"root 0", "root 1"});
+      }
+      SUBCASE(("reduce " + algorithm).c_str()) {
+        expect_mismatch_naming(n, for_rank_1_and_others([a](communicator& comm, bool odd) {
+          std::vector<float> v(1000, 1.0f);
+          comm.reduce(std::span(v), odd ? 1 : 0, {.algorithm = a});
+        }), {"root 0", "root 1"});
+      }
+    }
+    for (algo a : algorithms_for(collective::gather)) {
+      const std::string algorithm(to_string(a));
+      SUBCASE(("gather " + algorithm).c_str()) {
+        expect_mismatch_naming(n, for_rank_1_and_others([a](communicator& comm, bool odd) {
+          std::vector<float> in(100, 1.0f), out(100 * static_cast<std::size_t>(comm.size()));
+          comm.gather(std::span<const float>(in), std::span(out), odd ? 1 : 0, {.algorithm = a});
+        }), {"root 0", "root 1"});
+      }
+      SUBCASE(("scatter " + algorithm).c_str()) {
+        expect_mismatch_naming(n, for_rank_1_and_others([a](communicator& comm, bool odd) {
+          std::vector<float> in(100 * static_cast<std::size_t>(comm.size()), 1.0f), out(100);
+          comm.scatter(std::span<const float>(in), std::span(out), odd ? 1 : 0, {.algorithm = a});
+        }), {"root 0", "root 1"});
+      }
+    }
+  }
+}
+
+TEST_CASE("different counts, ops or algorithms on one rank are a mismatch naming both calls") {
+  SUBCASE("broadcast counts") {
+    for (algo a : algorithms_for(collective::broadcast)) {
+      expect_mismatch_naming(3, for_rank_1_and_others([a](communicator& comm, bool odd) {
+        std::vector<float> v(odd ? 20 : 10, 1.0f);
+        comm.broadcast(std::span(v), 0, {.algorithm = a});
+      }), {"count=20", "count=10"});
+    }
+  }
+  SUBCASE("gather counts") {
+    for (algo a : algorithms_for(collective::gather)) {
+      expect_mismatch_naming(4, for_rank_1_and_others([a](communicator& comm, bool odd) {
+        const std::size_t block = odd ? 7 : 5;
+        std::vector<float> in(block, 1.0f), out(block * static_cast<std::size_t>(comm.size()));
+        comm.gather(std::span<const float>(in), std::span(out), 0, {.algorithm = a});
+      }), {"count=7", "count=5"});
+    }
+  }
+  SUBCASE("reduce ops") {
+    expect_mismatch_naming(3, for_rank_1_and_others([](communicator& comm, bool odd) {
+      std::vector<float> v(100, 1.0f);
+      comm.reduce(std::span(v), 0, {.op = odd ? max : sum});
+    }), {"max", "sum"});
+  }
+  SUBCASE("all_to_all blocks") {
+    expect_mismatch_naming(3, for_rank_1_and_others([](communicator& comm, bool odd) {
+      const std::size_t block = odd ? 9 : 8;
+      std::vector<float> in(3 * block, 1.0f), out(3 * block);
+      comm.all_to_all(std::span<const float>(in), std::span(out));
+    }), {"count=9", "count=8"});
+  }
+  SUBCASE("broadcast algorithms") {
+    expect_mismatch_naming(4, for_rank_1_and_others([](communicator& comm, bool odd) {
+      std::vector<float> v(100, 1.0f);
+      comm.broadcast(std::span(v), 0, {.algorithm = odd ? algo::binomial : algo::chain});
+    }), {"chain", "binomial"});
+  }
+  SUBCASE("CHORUS_ALGO's broadcast algorithm against a call's own choice") {
+    expect_mismatch_naming(4, for_rank_1_and_others([](communicator& comm, bool odd) {
+      std::vector<float> v(100, 1.0f);
+      comm.broadcast(std::span(v), 0, {.algorithm = odd ? algo::binomial : algo::automatic});
+    }), {"chain", "binomial"}, {{"CHORUS_ALGO", "broadcast:chain"}});
+  }
+}
+
+TEST_CASE("an all_to_allv whose send count to a peer differs from that peer's receive count is a mismatch naming both") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    expect_mismatch_naming(n, [](communicator& comm) {
+      // Everyone sends everyone 4 elements and expects 4, except that rank 0 sends rank 1
+      // five: rank 1 still expects four.
+      const auto nn = static_cast<std::size_t>(comm.size());
+      std::vector<std::size_t> send(nn, 4), recv(nn, 4);
+      if (comm.rank() == 0) send[1] = 5;
+      std::vector<float> in(4 * nn + (comm.rank() == 0 ? 1 : 0), 1.0f), out(4 * nn);
+      comm.all_to_allv(std::span<const float>(in), std::span<const std::size_t>(send), std::span(out),
+                       std::span<const std::size_t>(recv));
+    }, {"count=5", "count=4"});
+    expect_mismatch_naming(n, [](communicator& comm) {
+      // A zero against a count: rank 1 expects 3 elements from rank 0, which sends none.
+      const auto nn = static_cast<std::size_t>(comm.size());
+      std::vector<std::size_t> send(nn, 2), recv(nn, 2);
+      if (comm.rank() == 0) send[1] = 0;
+      if (comm.rank() == 1) recv[0] = 3;
+      std::size_t s = 0, r = 0;
+      for (std::size_t i = 0; i < nn; ++i) {
+        s += send[i];
+        r += recv[i];
+      }
+      std::vector<float> in(s, 1.0f), out(r);
+      comm.all_to_allv(std::span<const float>(in), std::span<const std::size_t>(send), std::span(out),
+                       std::span<const std::size_t>(recv));
+    }, {"count=0", "count=3"});
+    expect_mismatch_naming(n, [](communicator& comm) {
+      // A count against a zero: rank 0 sends rank 1 three elements, rank 1 expects none.
+      const auto nn = static_cast<std::size_t>(comm.size());
+      std::vector<std::size_t> send(nn, 1), recv(nn, 1);
+      if (comm.rank() == 0) send[1] = 3;
+      if (comm.rank() == 1) recv[0] = 0;
+      std::size_t s = 0, r = 0;
+      for (std::size_t i = 0; i < nn; ++i) {
+        s += send[i];
+        r += recv[i];
+      }
+      std::vector<float> in(s, 1.0f), out(r);
+      comm.all_to_allv(std::span<const float>(in), std::span<const std::size_t>(send), std::span(out),
+                       std::span<const std::size_t>(recv));
+    }, {"count=3", "count=0"});
+  }
 }

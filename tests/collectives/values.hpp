@@ -4,11 +4,14 @@
 
 #include <chorus/types.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace chorus::test {
 
@@ -124,5 +127,57 @@ template <class T>
 bool same_bits(const T& a, const T& b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
 }
+
+/// Element i of the block rank `from` sends rank `to` in all_to_all(v): every rank can
+/// recompute what every other sends it.
+template <class T>
+T pair_value(int from, int to, std::size_t i, std::uint64_t seed) {
+  return input_value<T>(reduce_op::sum, from * 4099 + to, i, seed);
+}
+
+/// How many elements rank `from` sends rank `to` in an all_to_allv drawn from `seed`: about
+/// a quarter are zero, the rest up to `most`. Every rank derives every pair's count from the
+/// same seed, so its recv_counts are what its peers send it.
+inline std::size_t pair_count(int from, int to, std::size_t most, std::uint64_t seed) {
+  const std::uint64_t h = mix(seed ^ mix(static_cast<std::uint64_t>(from) * 65537u +
+                                         static_cast<std::uint64_t>(to)));
+  if (h % 4 == 0 || most == 0) return 0;
+  return static_cast<std::size_t>((h >> 8) % most) + 1;
+}
+
+/// A buffer with guard bytes on both sides of a window that starts `misalign` bytes past an
+/// aligned address: a collective that writes outside its buffer changes a guard.
+class guarded_buffer {
+ public:
+  static constexpr std::size_t guard = 64;
+  static constexpr unsigned char pattern = 0xA5;
+
+  guarded_buffer(std::size_t bytes, std::size_t misalign)
+      : bytes_(bytes), at_(guard + misalign), store_(bytes + 2 * guard + misalign + 8, pattern) {}
+
+  unsigned char* data() noexcept { return store_.data() + at_; }
+  std::size_t size() const noexcept { return bytes_; }
+  /// Whether every byte outside the window still holds the guard pattern.
+  bool guards_intact() const noexcept {
+    for (std::size_t i = 0; i < store_.size(); ++i) {
+      if ((i < at_ || i >= at_ + bytes_) && store_[i] != pattern) return false;
+    }
+    return true;
+  }
+  template <class T>
+  void put(std::size_t i, T v) noexcept {
+    std::memcpy(data() + i * sizeof(T), &v, sizeof(T));
+  }
+  template <class T>
+  T get(std::size_t i) const noexcept {
+    T v;
+    std::memcpy(&v, store_.data() + at_ + i * sizeof(T), sizeof(T));
+    return v;
+  }
+
+ private:
+  std::size_t bytes_, at_;
+  std::vector<unsigned char> store_;
+};
 
 }  // namespace chorus::test
