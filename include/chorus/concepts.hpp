@@ -28,6 +28,10 @@ struct transfer {
   /// release(peer, this), in posting order per peer. Saves a copy of every reduced slice
   /// on shared memory, where copies are the whole cost.
   bool lent = false;
+  /// Set by the executor: this rank's recent calls, against which a transport describes a
+  /// frame left over from an earlier operation (check_header) and the call a failed peer
+  /// names in its abort (peer_failed).
+  const detail::call_history* earlier = nullptr;
 };
 
 using clock = std::chrono::steady_clock;
@@ -47,14 +51,16 @@ using clock = std::chrono::steady_clock;
 ///    rank that waits leaves the CPU to its peers (tests run 8 ranks on 2 cores).
 /// 5. Failures throw chorus::error naming the peer: EOF or reset is errc::connection_lost,
 ///    bytes that are not a frame errc::protocol, a peer's abort frame errc::remote_error.
-/// 6. `abort(message)` tells every peer, best effort and in bounded time, that this rank
-///    failed, so their pending operations fail at once instead of at their timeouts.
+/// 6. `abort(message, call)` tells every peer, best effort and in bounded time, that this
+///    rank failed, and in which call (`call` as its frames carry it; null outside one), so
+///    their pending operations fail at once instead of at their timeouts. A peer's abort
+///    becomes detail::peer_failed's error.
 /// 7. Optionally, `release(peer, t)` takes back memory lent to a receive (`transfer::lent`);
 ///    a transport without it never lends. Optionally, `max_slice_bytes()` caps the slices
 ///    the executor cuts (a shared-memory ring must hold several at once).
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, transfer* x, clock::time_point d,
-                             const std::string& msg) {
+                             const std::string& msg, const detail::frame_header* call) {
   { ct.rank() } -> std::convertible_to<int>;
   { ct.size() } -> std::convertible_to<int>;
   { ct.name() } -> std::convertible_to<std::string>;
@@ -63,7 +69,7 @@ concept transport = requires(T& t, const T& ct, int peer, transfer* x, clock::ti
   t.post_recv(peer, x);
   { t.progress() } -> std::same_as<bool>;
   t.wait(d);
-  t.abort(msg);
+  t.abort(msg, call);
 };
 
 namespace detail {
@@ -81,7 +87,7 @@ class any_transport {
   virtual void post_recv(int peer, transfer* x) = 0;
   virtual bool progress() = 0;
   virtual void wait(clock::time_point deadline) = 0;
-  virtual void abort(const std::string& message) noexcept = 0;
+  virtual void abort(const std::string& message, const frame_header* call) noexcept = 0;
   virtual void release(int peer, transfer* x) = 0;
   virtual std::size_t max_slice_bytes() const = 0;
 };
@@ -98,7 +104,7 @@ class transport_model final : public any_transport {
   void post_recv(int peer, transfer* x) override { t_.post_recv(peer, x); }
   bool progress() override { return t_.progress(); }
   void wait(clock::time_point deadline) override { t_.wait(deadline); }
-  void abort(const std::string& message) noexcept override { t_.abort(message); }
+  void abort(const std::string& message, const frame_header* call) noexcept override { t_.abort(message, call); }
   void release(int peer, transfer* x) override {
     if constexpr (requires { t_.release(peer, x); }) t_.release(peer, x);
   }

@@ -130,7 +130,7 @@ struct communicator::impl {
     }
     if (!broken) {
       broken = eptr;
-      transport->abort(why);  // let the peers fail now rather than at their timeouts
+      transport->abort(why, exec.failed_call());  // let the peers fail now, not at their timeouts
     }
     return eptr;
   }

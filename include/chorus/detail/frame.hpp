@@ -2,6 +2,7 @@
 // The frame header every transport puts before every slice, and its validation.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -87,12 +88,79 @@ inline std::string describe_call(const frame_header& h) {
          std::to_string(h.op_seq);
 }
 
+/// The fingerprints of this rank's last collectives, so that a frame left over from an
+/// earlier operation is described against what this rank called then. Where two ranks
+/// disagree on a root, each may finish its own call without reading the other's frames
+/// (every rank believes it received what its tree sends it); the leftover frame surfaces at
+/// the next call that reads from its sender, and the error names both calls, not only the
+/// number they no longer share.
+class call_history {
+ public:
+  void record(const op_fingerprint& f) {
+    if (f.kind == collective::send_recv) return;  // numbered per pair, not per communicator
+    calls_[f.op_seq % calls_.size()] = make_header(f, 0, 0, 0);
+    valid_[f.op_seq % calls_.size()] = true;
+  }
+  /// This rank's call numbered `op_seq`, if it is among the last few.
+  const frame_header* find(std::uint64_t op_seq) const {
+    const std::size_t i = op_seq % calls_.size();
+    return valid_[i] && calls_[i].op_seq == op_seq ? &calls_[i] : nullptr;
+  }
+
+ private:
+  std::array<frame_header, 64> calls_{};
+  std::array<bool, 64> valid_{};
+};
+
+/// The header of an abort frame, whose `length` bytes of text follow it. Where the sender
+/// failed in a collective, the header also names that call (`call`, as its frames carry it):
+/// its kind moves to `step`, since `kind` says frame_abort, and `slice` is 1.
+inline frame_header abort_header(std::uint32_t text_length, const frame_header* call) {
+  frame_header h = call != nullptr ? *call : frame_header{};
+  h.magic = frame_magic;
+  h.length = text_length;
+  h.step = call != nullptr ? call->kind : 0;
+  h.slice = call != nullptr ? 1 : 0;
+  h.kind = frame_abort;
+  return h;
+}
+
+/// The error a peer's abort frame (header `h`, text `text`) raises: errc::remote_error,
+/// unless the call the peer failed in is not this rank's call of that number (`mine`, where
+/// given), which is a mismatch, and then the error names both calls. A rank that believes it
+/// is a root may wait for a frame its peer's tree never sends, while the peer finishes and
+/// moves on; the waiting rank fails, and its abort is the only word the peer gets of its call.
+inline error peer_failed(int peer, int self, const frame_header& h, const std::string& text,
+                         const call_history* mine) {
+  const auto kind = static_cast<collective>(h.step);
+  const frame_header* own = h.slice == 1 && mine != nullptr && h.step < static_cast<std::uint32_t>(collective::send_recv)
+                                ? mine->find(h.op_seq)
+                                : nullptr;
+  if (own != nullptr) {
+    frame_header theirs = h;
+    theirs.kind = static_cast<std::uint8_t>(kind);
+    const bool same_call = theirs.count == own->count && theirs.kind == own->kind && theirs.dtype == own->dtype &&
+                           theirs.redop == own->redop && theirs.algorithm == own->algorithm &&
+                           theirs.root == own->root;
+    if (!same_call) {
+      return error(errc::mismatch,
+                   "mismatched collectives: rank " + std::to_string(self) + " called " + describe_call(*own) +
+                       " but rank " + std::to_string(peer) + " called " + describe_call(theirs) + " (rank " +
+                       std::to_string(peer) + " failed: " + text + ")",
+                   {self, peer}, h.op_seq, std::string(to_string(static_cast<collective>(own->kind))));
+    }
+  }
+  return error(errc::remote_error, "rank " + std::to_string(peer) + " failed: " + text, {peer}, std::nullopt,
+               "recv");
+}
+
 /// Checks a received header against the one this rank expects. Throws errc::protocol for
 /// bytes that are not a chorus frame, errc::remote_error for an abort frame (the caller reads
 /// its payload first and passes it as `abort_text`) and errc::mismatch for a frame of a
-/// different operation.
+/// different operation. `earlier`, where given, describes a frame of an earlier collective
+/// against this rank's own call of that number.
 inline void check_header(const frame_header& got, const frame_header& want, int peer,
-                         int self) {
+                         int self, const call_history* earlier = nullptr) {
   if (got.magic != frame_magic) {
     throw error(errc::protocol,
                 "rank " + std::to_string(peer) + " sent a frame with bad magic 0x" +
@@ -108,6 +176,18 @@ inline void check_header(const frame_header& got, const frame_header& want, int 
                          got.redop == want.redop && got.algorithm == want.algorithm &&
                          got.root == want.root;
   if (!same_call) {
+    const auto kind = static_cast<collective>(want.kind);
+    const frame_header* then = earlier != nullptr && got.op_seq < want.op_seq && kind != collective::send_recv &&
+                                       static_cast<collective>(got.kind) != collective::send_recv
+                                   ? earlier->find(got.op_seq)
+                                   : nullptr;
+    if (then != nullptr) {
+      throw error(errc::mismatch,
+                  "mismatched collectives: rank " + std::to_string(self) + " called " + describe_call(*then) +
+                      " but rank " + std::to_string(peer) + " called " + describe_call(got) +
+                      " (its frame was still unread when op " + std::to_string(want.op_seq) + " began)",
+                  {self, peer}, want.op_seq, std::string(to_string(kind)));
+    }
     throw error(errc::mismatch,
                 "mismatched collectives: rank " + std::to_string(self) + " called " +
                     describe_call(want) + " but rank " + std::to_string(peer) + " called " +

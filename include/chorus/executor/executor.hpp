@@ -116,6 +116,10 @@ class executor {
   void run(std::span<const executor_job> jobs, clock::time_point deadline,
            std::chrono::milliseconds timeout);
 
+  /// The collective the last failed run failed in, as its frames name it; null where that
+  /// run was a send or receive, or none failed. The communicator's abort tells the peers.
+  const detail::frame_header* failed_call() const { return failed_; }
+
  private:
   using role = detail::access_role;
   struct place {
@@ -203,6 +207,8 @@ class executor {
   executor_options opts_;
   detail::staging_buffer staging_;  // slots for reducing receives, per peer
   detail::staging_buffer scratch_;  // the schedules' scratch buffers
+  detail::call_history history_;    // this rank's last calls, for leftover frames
+  const detail::frame_header* failed_ = nullptr;  // into history_
   std::size_t slot_bytes_ = 0;
 
   // Per-run state; the vectors keep their capacity between operations.
@@ -432,6 +438,7 @@ inline bool executor::advance_peer(std::span<const executor_job> jobs, int p) {
     f.x.length = len;
     f.x.header = detail::make_header(jobs[ss.job].fp, ss.index, k, static_cast<std::uint32_t>(len),
                                      ss.st->send_from.count);
+    f.x.earlier = &history_;
     ++ss.send_posted;
     transport_.post_send(p, &f.x);
     moved = true;
@@ -468,6 +475,7 @@ inline bool executor::advance_peer(std::span<const executor_job> jobs, int p) {
     }
     f.x.header = detail::make_header(jobs[ss.job].fp, ss.index, k, static_cast<std::uint32_t>(len),
                                      ss.st->recv_into.count);
+    f.x.earlier = &history_;
     ++ss.recv_posted;
     transport_.post_recv(p, &f.x);
     moved = true;
@@ -500,7 +508,9 @@ inline bool executor::advance(std::span<const executor_job> jobs) {
 
 inline void executor::run(std::span<const executor_job> jobs, clock::time_point deadline,
                           std::chrono::milliseconds timeout) {
+  failed_ = nullptr;
   plan(jobs);
+  for (const executor_job& j : jobs) history_.record(j.fp);
   try {
     // Reading the clock costs as much as a poll of shared memory on some VMs, so an idle
     // loop reads it only every 16 turns; the spin starts at the first read after a move.
@@ -531,7 +541,14 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
     // Transfers point into the peers' fifos: they are reset only by the next plan(), after
     // the transport forgot them, which the communicator guarantees by never using a failed
     // transport again.
-    if (e.op()) throw;
+    if (e.op()) {
+      for (const executor_job& k : jobs) {
+        if (k.fp.op_seq == *e.op() && to_string(k.fp.kind) == e.call() && k.fp.kind != collective::send_recv) {
+          failed_ = history_.find(k.fp.op_seq);
+        }
+      }
+      throw;
+    }
     // Name the operation: the one that talks to the failing peer, else the first.
     const executor_job* j = &jobs.front();
     for (int r : e.ranks()) {
@@ -541,6 +558,7 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
       else if (ps.tx.size > 0) j = &jobs[steps_[ps.tx.ring[ps.tx.head].step].job];
       break;
     }
+    if (j->fp.kind != collective::send_recv) failed_ = history_.find(j->fp.op_seq);
     throw error(e.code(),
                 std::string(e.what()).substr(8) + " (op " + std::to_string(j->fp.op_seq) + ", " +
                     std::string(to_string(j->fp.kind)) + ")",

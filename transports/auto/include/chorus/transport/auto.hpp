@@ -116,9 +116,9 @@ class auto_transport {
     }
   }
 
-  void abort(const std::string& message) noexcept {
-    if (shm_) shm_->abort(message);
-    if (tcp_) tcp_->abort(message);
+  void abort(const std::string& message, const detail::frame_header* call = nullptr) noexcept {
+    if (shm_) shm_->abort(message, call);
+    if (tcp_) tcp_->abort(message, call);
   }
 
  private:

@@ -94,11 +94,13 @@ class shm_transport {
   }
 
   void post_send(int peer, transfer* x) {
+    if (x->earlier != nullptr) history_ = x->earlier;
     auto& p = link(peer);
     p.tx.post(x);
     p.tx.flush();
   }
   void post_recv(int peer, transfer* x) {
+    if (x->earlier != nullptr) history_ = x->earlier;
     auto& p = link(peer);
     p.rx.post(x);
     p.rx.pump();
@@ -136,13 +138,15 @@ class shm_transport {
     check_peers();
   }
 
-  /// Raises our failure flag with `message` and wakes every peer, which then fails at once.
-  void abort(const std::string& message) noexcept {
+  /// Raises our failure flag with `message` and the call we failed in, and wakes every peer,
+  /// which then fails at once.
+  void abort(const std::string& message, const detail::frame_header* call = nullptr) noexcept {
     if (!seg_) return;
     detail::shm_member& me = seg_->member(static_cast<std::size_t>(my_index_));
     const std::size_t n = std::min(message.size(), detail::shm_abort_text);
     std::memcpy(me.abort_text, message.data(), n);
     me.abort_len = static_cast<std::uint32_t>(n);
+    me.abort_call = detail::abort_header(static_cast<std::uint32_t>(n), call);
     me.failed.store(1, std::memory_order_release);
     for (auto& p : peers_) {
       p.member->bell.fetch_add(1, std::memory_order_release);
@@ -203,9 +207,8 @@ class shm_transport {
     for (auto& p : peers_) {
       if (p.member->failed.load(std::memory_order_acquire) != 0) {
         const std::size_t n = std::min<std::size_t>(p.member->abort_len, detail::shm_abort_text);
-        throw error(errc::remote_error,
-                    "rank " + std::to_string(p.rank) + " failed: " + std::string(p.member->abort_text, n),
-                    {p.rank}, std::nullopt, "recv");
+        throw detail::peer_failed(p.rank, rank_, p.member->abort_call, std::string(p.member->abort_text, n),
+                                  history_);
       }
       if (!(p.rx.busy() || p.tx.busy()) || alive(p)) continue;
       p.tx.flush();
@@ -236,6 +239,7 @@ class shm_transport {
   std::vector<std::size_t> slot_of_;         // global rank -> index in peers_
   std::unique_ptr<detail::shm_segment> seg_;  // stable address: channels point into it
   std::vector<peer_link> peers_;
+  const detail::call_history* history_ = nullptr;  // transfer::earlier, for peers' aborts
 };
 
 static_assert(transport<shm_transport>);

@@ -176,7 +176,7 @@ class shm_receiver {
         if (ring_.tag_at(rd_).load(std::memory_order_acquire) != shm_tag(rd_, salt_)) break;
         frame_header h;
         ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
-        check_header(h, x->header, peer_, self_);  // lengths now agree with the post
+        check_header(h, x->header, peer_, self_, x->earlier);  // lengths now agree with the post
         frame_start_ = rd_;
         rd_ += shm_prefix_bytes;
         have_header_ = true;

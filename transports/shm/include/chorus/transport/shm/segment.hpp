@@ -21,6 +21,7 @@
 #include <string>
 #include <utility>
 
+#include <chorus/detail/frame.hpp>
 #include <chorus/error.hpp>
 
 namespace chorus::detail {
@@ -36,7 +37,7 @@ namespace chorus::detail {
 // memory (tmpfs allocates pages on first write).
 
 inline constexpr std::uint32_t shm_magic = 0x4d534843;  // "CHSM"
-inline constexpr std::uint32_t shm_version = 2;
+inline constexpr std::uint32_t shm_version = 3;
 inline constexpr std::size_t shm_abort_text = 960;
 
 struct alignas(64) shm_header {
@@ -59,6 +60,7 @@ struct alignas(64) shm_member {
   std::atomic<std::int32_t> pid;
   std::uint64_t pid_ns;                ///< inode of the rank's pid namespace
   std::uint32_t abort_len;
+  frame_header abort_call;  ///< the call the rank failed in, as abort_header() writes it
   char abort_text[shm_abort_text];
 };
 

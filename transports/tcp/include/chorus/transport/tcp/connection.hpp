@@ -54,6 +54,9 @@ class tcp_connection {
   bool readable = true;
   bool writable = true;
 
+  /// This rank's recent calls (transfer::earlier), against which a peer's abort is read.
+  void remember(const call_history* h) { history_ = h; }
+
   void post_send(transfer* x) {
     if (closed_) throw lost("send to");
     txq_.push_back(x);
@@ -170,15 +173,13 @@ class tcp_connection {
     return moved;
   }
 
-  /// Best effort, bounded: if no frame is half-sent, send an abort frame carrying `text`.
-  void send_abort(const std::string& text, clock::time_point deadline) noexcept {
+  /// Best effort, bounded: if no frame is half-sent, send an abort frame carrying `text` and
+  /// the call this rank failed in, if any.
+  void send_abort(const std::string& text, const frame_header* call, clock::time_point deadline) noexcept {
     if (closed_ || tx_off_ != 0) return;
     try {
       const auto len = static_cast<std::uint32_t>(std::min<std::size_t>(text.size(), max_abort_text));
-      frame_header h{};
-      h.magic = frame_magic;
-      h.kind = frame_abort;
-      h.length = len;
+      frame_header h = abort_header(len, call);
       if (cipher_) {
         // Sealed like every other frame, after whatever ciphertext is still unsent.
         iovec parts[2] = {{&h, sizeof h}, {const_cast<char*>(text.data()), len}};
@@ -255,12 +256,11 @@ class tcp_connection {
           if (avail < sizeof(frame_header) + rx_hdr_.length) return moved;  // wait for the text
           std::string text(reinterpret_cast<const char*>(rx_.get() + rx_begin_ + sizeof(frame_header)),
                            rx_hdr_.length);
-          throw error(errc::remote_error, "rank " + std::to_string(peer_) + " failed: " + text,
-                      {peer_}, std::nullopt, "recv");
+          throw peer_failed(peer_, self_, rx_hdr_, text, history_);
         }
         if (rxq_.empty()) return moved;  // a frame for a receive not yet posted: keep it
         transfer* x = rxq_.front();
-        check_header(rx_hdr_, x->header, peer_, self_);  // lengths now agree with the post
+        check_header(rx_hdr_, x->header, peer_, self_, x->earlier);  // lengths now agree with the post
         rx_begin_ += sizeof(frame_header);
         rx_has_header_ = true;
         rx_got_ = 0;
@@ -302,6 +302,7 @@ class tcp_connection {
   std::size_t rx_begin_ = 0, rx_end_ = 0;
   bool rx_has_header_ = false;  // rx_hdr_ belongs to rxq_.front() and its payload is due
   frame_header rx_hdr_{};
+  const call_history* history_ = nullptr;
   std::size_t rx_got_ = 0;
 };
 
