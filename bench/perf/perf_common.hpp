@@ -3,7 +3,7 @@
 // reduce, alltoall, gather, scatter, sendrecv): flags, size sweep, timing, exact result check,
 // the tuner's prediction and nccl-tests style output.
 //
-// Units follow nccl-tests (docs/DESIGN.md, "Units"). `count` is the count argument of the call
+// Units follow nccl-tests (DESIGN.md, "Units"). `count` is the count argument of the call
 // (elements per rank: the all_reduce/broadcast/reduce buffer, one rank's block of
 // reduce_scatter/all_gather/alltoall/gather/scatter, the sendrecv message). `size` is the
 // largest buffer of one rank in bytes:
