@@ -28,10 +28,6 @@ struct transfer {
   /// release(peer, this), in posting order per peer. Saves a copy of every reduced slice
   /// on shared memory, where copies are the whole cost.
   bool lent = false;
-  /// Set by the executor: this rank's recent calls, against which a transport describes a
-  /// frame left over from an earlier operation (check_header) and the call a failed peer
-  /// names in its abort (peer_failed).
-  const detail::call_history* earlier = nullptr;
 };
 
 using clock = std::chrono::steady_clock;
@@ -57,7 +53,10 @@ using clock = std::chrono::steady_clock;
 ///    becomes detail::peer_failed's error.
 /// 7. Optionally, `release(peer, t)` takes back memory lent to a receive (`transfer::lent`);
 ///    a transport without it never lends. Optionally, `max_slice_bytes()` caps the slices
-///    the executor cuts (a shared-memory ring must hold several at once).
+///    the executor cuts (a shared-memory ring must hold several at once). Optionally,
+///    `remember(calls)` is given, once, the executor's record of this rank's recent calls,
+///    against which the transport describes a frame left over from an earlier call
+///    (check_header) and the call a failed peer names in its abort (peer_failed).
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, transfer* x, clock::time_point d,
                              const std::string& msg, const detail::frame_header* call) {
@@ -90,6 +89,7 @@ class any_transport {
   virtual void abort(const std::string& message, const frame_header* call) noexcept = 0;
   virtual void release(int peer, transfer* x) = 0;
   virtual std::size_t max_slice_bytes() const = 0;
+  virtual void remember(const call_history* calls) = 0;
 };
 
 template <transport T>
@@ -114,6 +114,9 @@ class transport_model final : public any_transport {
     } else {
       return SIZE_MAX;
     }
+  }
+  void remember(const call_history* calls) override {
+    if constexpr (requires { t_.remember(calls); }) t_.remember(calls);
   }
 
  private:

@@ -500,11 +500,7 @@ void expect_mismatch_naming(int n, const std::function<void(communicator&)>& cal
     }
     std::vector<int> next{1};
     try {
-      if (in_call) {
-        comm.all_reduce(std::span(next));
-      } else {
-        for (int i = 0; i < 2; ++i) comm.all_reduce(std::span(next));
-      }
+      for (int i = 0; i < (in_call ? 1 : 2); ++i) comm.all_reduce(std::span(next));
       RANK_CHECK(false);  // the peers failed: this rank cannot go on as if nothing happened
     } catch (const error& err) {
       std::fprintf(stderr, "[rank %d] finished the call; its next failed: %s\n", comm.rank(), err.what());

@@ -88,6 +88,22 @@ inline std::string describe_call(const frame_header& h) {
          std::to_string(h.op_seq);
 }
 
+/// Whether two headers name the same call: every operation-wide field but the number.
+inline bool same_call(const frame_header& a, const frame_header& b) {
+  return a.count == b.count && a.kind == b.kind && a.dtype == b.dtype && a.redop == b.redop &&
+         a.algorithm == b.algorithm && a.root == b.root;
+}
+
+/// errc::mismatch between this rank's call `mine` and `peer`'s call `theirs`, raised in
+/// operation `op` of kind `kind`; `why`, where given, ends the sentence.
+inline error mismatch_error(int self, const frame_header& mine, int peer, const frame_header& theirs,
+                            std::uint64_t op, collective kind, const std::string& why = {}) {
+  return error(errc::mismatch,
+               "mismatched collectives: rank " + std::to_string(self) + " called " + describe_call(mine) +
+                   " but rank " + std::to_string(peer) + " called " + describe_call(theirs) + why,
+               {self, peer}, op, std::string(to_string(kind)));
+}
+
 /// The fingerprints of this rank's last collectives, so that a frame left over from an
 /// earlier operation is described against what this rank called then. Where two ranks
 /// disagree on a root, each may finish its own call without reading the other's frames
@@ -99,17 +115,15 @@ class call_history {
   void record(const op_fingerprint& f) {
     if (f.kind == collective::send_recv) return;  // numbered per pair, not per communicator
     calls_[f.op_seq % calls_.size()] = make_header(f, 0, 0, 0);
-    valid_[f.op_seq % calls_.size()] = true;
   }
   /// This rank's call numbered `op_seq`, if it is among the last few.
   const frame_header* find(std::uint64_t op_seq) const {
     const std::size_t i = op_seq % calls_.size();
-    return valid_[i] && calls_[i].op_seq == op_seq ? &calls_[i] : nullptr;
+    return calls_[i].magic == frame_magic && calls_[i].op_seq == op_seq ? &calls_[i] : nullptr;
   }
 
  private:
-  std::array<frame_header, 64> calls_{};
-  std::array<bool, 64> valid_{};
+  std::array<frame_header, 64> calls_{};  // magic 0: never written
 };
 
 /// The header of an abort frame, whose `length` bytes of text follow it. Where the sender
@@ -132,22 +146,15 @@ inline frame_header abort_header(std::uint32_t text_length, const frame_header* 
 /// moves on; the waiting rank fails, and its abort is the only word the peer gets of its call.
 inline error peer_failed(int peer, int self, const frame_header& h, const std::string& text,
                          const call_history* mine) {
-  const auto kind = static_cast<collective>(h.step);
   const frame_header* own = h.slice == 1 && mine != nullptr && h.step < static_cast<std::uint32_t>(collective::send_recv)
                                 ? mine->find(h.op_seq)
                                 : nullptr;
   if (own != nullptr) {
     frame_header theirs = h;
-    theirs.kind = static_cast<std::uint8_t>(kind);
-    const bool same_call = theirs.count == own->count && theirs.kind == own->kind && theirs.dtype == own->dtype &&
-                           theirs.redop == own->redop && theirs.algorithm == own->algorithm &&
-                           theirs.root == own->root;
-    if (!same_call) {
-      return error(errc::mismatch,
-                   "mismatched collectives: rank " + std::to_string(self) + " called " + describe_call(*own) +
-                       " but rank " + std::to_string(peer) + " called " + describe_call(theirs) + " (rank " +
-                       std::to_string(peer) + " failed: " + text + ")",
-                   {self, peer}, h.op_seq, std::string(to_string(static_cast<collective>(own->kind))));
+    theirs.kind = static_cast<std::uint8_t>(h.step);
+    if (!same_call(theirs, *own)) {
+      return mismatch_error(self, *own, peer, theirs, h.op_seq, static_cast<collective>(own->kind),
+                            " (rank " + std::to_string(peer) + " failed: " + text + ")");
     }
   }
   return error(errc::remote_error, "rank " + std::to_string(peer) + " failed: " + text, {peer}, std::nullopt,
@@ -171,28 +178,17 @@ inline void check_header(const frame_header& got, const frame_header& want, int 
                     }(),
                 {peer}, std::nullopt, "recv");  // the executor adds the running operation
   }
-  const bool same_call = got.op_seq == want.op_seq && got.count == want.count &&
-                         got.kind == want.kind && got.dtype == want.dtype &&
-                         got.redop == want.redop && got.algorithm == want.algorithm &&
-                         got.root == want.root;
-  if (!same_call) {
+  if (got.op_seq != want.op_seq || !same_call(got, want)) {
     const auto kind = static_cast<collective>(want.kind);
     const frame_header* then = earlier != nullptr && got.op_seq < want.op_seq && kind != collective::send_recv &&
                                        static_cast<collective>(got.kind) != collective::send_recv
                                    ? earlier->find(got.op_seq)
                                    : nullptr;
     if (then != nullptr) {
-      throw error(errc::mismatch,
-                  "mismatched collectives: rank " + std::to_string(self) + " called " + describe_call(*then) +
-                      " but rank " + std::to_string(peer) + " called " + describe_call(got) +
-                      " (its frame was still unread when op " + std::to_string(want.op_seq) + " began)",
-                  {self, peer}, want.op_seq, std::string(to_string(kind)));
+      throw mismatch_error(self, *then, peer, got, want.op_seq, kind,
+                           " (its frame was still unread when op " + std::to_string(want.op_seq) + " began)");
     }
-    throw error(errc::mismatch,
-                "mismatched collectives: rank " + std::to_string(self) + " called " +
-                    describe_call(want) + " but rank " + std::to_string(peer) + " called " +
-                    describe_call(got),
-                {self, peer}, want.op_seq, std::string(to_string(static_cast<collective>(want.kind))));
+    throw mismatch_error(self, want, peer, got, want.op_seq, kind);
   }
   // Step numbers are each rank's own (a rank folded in by recursive doubling has fewer
   // steps), so they are carried for debugging only; slice and length must agree.

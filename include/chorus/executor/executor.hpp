@@ -100,7 +100,10 @@ class executor {
   executor(detail::any_transport& t, executor_options o) : transport_(t), opts_(o) {
     opts_.slice_bytes = std::max<std::size_t>(opts_.slice_bytes, 4096);
     opts_.window = std::clamp<std::size_t>(opts_.window, 1, 64);
+    transport_.remember(&history_);
   }
+  executor(const executor&) = delete;  // the transport holds the address of history_
+  executor& operator=(const executor&) = delete;
 
   /// Sets the largest frame: the smallest any rank's transport takes (see executor_options).
   void set_max_slice(std::size_t bytes) { opts_.max_slice_bytes = std::max<std::size_t>(bytes, 1); }
@@ -438,7 +441,6 @@ inline bool executor::advance_peer(std::span<const executor_job> jobs, int p) {
     f.x.length = len;
     f.x.header = detail::make_header(jobs[ss.job].fp, ss.index, k, static_cast<std::uint32_t>(len),
                                      ss.st->send_from.count);
-    f.x.earlier = &history_;
     ++ss.send_posted;
     transport_.post_send(p, &f.x);
     moved = true;
@@ -475,7 +477,6 @@ inline bool executor::advance_peer(std::span<const executor_job> jobs, int p) {
     }
     f.x.header = detail::make_header(jobs[ss.job].fp, ss.index, k, static_cast<std::uint32_t>(len),
                                      ss.st->recv_into.count);
-    f.x.earlier = &history_;
     ++ss.recv_posted;
     transport_.post_recv(p, &f.x);
     moved = true;
@@ -541,11 +542,13 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
     // Transfers point into the peers' fifos: they are reset only by the next plan(), after
     // the transport forgot them, which the communicator guarantees by never using a failed
     // transport again.
+    // The collective that failed, for the abort (send_recv numbers are the pair's, not ours).
+    auto blame = [this](const executor_job& k) {
+      if (k.fp.kind != collective::send_recv) failed_ = history_.find(k.fp.op_seq);
+    };
     if (e.op()) {
       for (const executor_job& k : jobs) {
-        if (k.fp.op_seq == *e.op() && to_string(k.fp.kind) == e.call() && k.fp.kind != collective::send_recv) {
-          failed_ = history_.find(k.fp.op_seq);
-        }
+        if (k.fp.op_seq == *e.op() && to_string(k.fp.kind) == e.call()) blame(k);
       }
       throw;
     }
@@ -558,7 +561,7 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
       else if (ps.tx.size > 0) j = &jobs[steps_[ps.tx.ring[ps.tx.head].step].job];
       break;
     }
-    if (j->fp.kind != collective::send_recv) failed_ = history_.find(j->fp.op_seq);
+    blame(*j);
     throw error(e.code(),
                 std::string(e.what()).substr(8) + " (op " + std::to_string(j->fp.op_seq) + ", " +
                     std::string(to_string(j->fp.kind)) + ")",

@@ -116,6 +116,11 @@ class auto_transport {
     }
   }
 
+  void remember(const detail::call_history* calls) {
+    if (shm_) shm_->remember(calls);
+    if (tcp_) tcp_->remember(calls);
+  }
+
   void abort(const std::string& message, const detail::frame_header* call = nullptr) noexcept {
     if (shm_) shm_->abort(message, call);
     if (tcp_) tcp_->abort(message, call);

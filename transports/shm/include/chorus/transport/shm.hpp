@@ -94,18 +94,21 @@ class shm_transport {
   }
 
   void post_send(int peer, transfer* x) {
-    if (x->earlier != nullptr) history_ = x->earlier;
     auto& p = link(peer);
     p.tx.post(x);
     p.tx.flush();
   }
   void post_recv(int peer, transfer* x) {
-    if (x->earlier != nullptr) history_ = x->earlier;
     auto& p = link(peer);
     p.rx.post(x);
     p.rx.pump();
   }
   void release(int peer, transfer* x) { link(peer).rx.release(x); }
+  /// This rank's recent calls, against which leftover frames and peers' aborts are read.
+  void remember(const detail::call_history* calls) {
+    history_ = calls;
+    for (auto& p : peers_) p.rx.remember(calls);
+  }
 
   bool progress() {
     bool moved = false;
@@ -239,7 +242,7 @@ class shm_transport {
   std::vector<std::size_t> slot_of_;         // global rank -> index in peers_
   std::unique_ptr<detail::shm_segment> seg_;  // stable address: channels point into it
   std::vector<peer_link> peers_;
-  const detail::call_history* history_ = nullptr;  // transfer::earlier, for peers' aborts
+  const detail::call_history* history_ = nullptr;  // see remember()
 };
 
 static_assert(transport<shm_transport>);

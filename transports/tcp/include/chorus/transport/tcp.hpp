@@ -101,13 +101,11 @@ class tcp_transport {
   }
 
   void post_send(int peer, transfer* x) {
-    remember(x->earlier);
     auto& c = conn_for(peer, send_seq_);
     c.post_send(x);
     c.flush();  // eager: small frames leave now, without a trip through epoll
   }
   void post_recv(int peer, transfer* x) {
-    remember(x->earlier);
     auto& c = conn_for(peer, recv_seq_);
     c.post_recv(x);
     c.pump();  // the frame may already be buffered
@@ -129,6 +127,14 @@ class tcp_transport {
     poll_events(static_cast<int>(ms));
   }
 
+  /// This rank's recent calls, against which every connection reads leftover frames and peers'
+  /// aborts.
+  void remember(const detail::call_history* calls) {
+    for (auto& c : conns_) {
+      if (c) c->remember(calls);
+    }
+  }
+
   void abort(const std::string& message, const detail::frame_header* call = nullptr) noexcept {
     const auto deadline = clock::now() + std::chrono::milliseconds(500);
     for (auto& c : conns_) {
@@ -138,16 +144,6 @@ class tcp_transport {
 
  private:
   tcp_transport() = default;
-
-  /// Every connection reads a peer's abort against this rank's calls, even one that carries
-  /// nothing of the current operation.
-  void remember(const detail::call_history* h) {
-    if (h == nullptr || h == history_) return;
-    history_ = h;
-    for (auto& c : conns_) {
-      if (c) c->remember(h);
-    }
-  }
 
   detail::tcp_connection& conn_for(int peer, std::vector<std::uint64_t>& seq) {
     const auto p = static_cast<std::size_t>(peer);
@@ -194,7 +190,6 @@ class tcp_transport {
   // conns_[peer * conns + k]; null for ourselves. unique_ptr: epoll holds their addresses.
   std::vector<std::unique_ptr<detail::tcp_connection>> conns_;
   std::vector<std::uint64_t> send_seq_, recv_seq_;
-  const detail::call_history* history_ = nullptr;
 };
 
 static_assert(transport<tcp_transport>);

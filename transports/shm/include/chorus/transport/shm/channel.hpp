@@ -176,7 +176,7 @@ class shm_receiver {
         if (ring_.tag_at(rd_).load(std::memory_order_acquire) != shm_tag(rd_, salt_)) break;
         frame_header h;
         ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
-        check_header(h, x->header, peer_, self_, x->earlier);  // lengths now agree with the post
+        check_header(h, x->header, peer_, self_, history_);  // lengths now agree with the post
         frame_start_ = rd_;
         rd_ += shm_prefix_bytes;
         have_header_ = true;
@@ -218,6 +218,9 @@ class shm_receiver {
   }
 
   /// Gives back a lent payload; lent payloads come back in the order they were lent.
+  /// This rank's recent calls, against which a frame left over from one is described.
+  void remember(const call_history* calls) { history_ = calls; }
+
   void release(const transfer* x) {
     const auto start = static_cast<std::uint64_t>(x->data - ring_.data);  // ring offset
     for (auto& l : lent_) {
@@ -285,6 +288,7 @@ class shm_receiver {
   shm_member* writer_;
   std::uint64_t salt_;
   int self_, peer_;
+  const call_history* history_ = nullptr;
   std::deque<transfer*> rxq_;
   std::uint64_t head_ = 0;       // the producer's, as last read
   std::uint64_t rd_ = 0;         // next byte to parse

@@ -54,8 +54,8 @@ class tcp_connection {
   bool readable = true;
   bool writable = true;
 
-  /// This rank's recent calls (transfer::earlier), against which a peer's abort is read.
-  void remember(const call_history* h) { history_ = h; }
+  /// This rank's recent calls, against which leftover frames and a peer's abort are read.
+  void remember(const call_history* calls) { history_ = calls; }
 
   void post_send(transfer* x) {
     if (closed_) throw lost("send to");
@@ -260,7 +260,7 @@ class tcp_connection {
         }
         if (rxq_.empty()) return moved;  // a frame for a receive not yet posted: keep it
         transfer* x = rxq_.front();
-        check_header(rx_hdr_, x->header, peer_, self_, x->earlier);  // lengths now agree with the post
+        check_header(rx_hdr_, x->header, peer_, self_, history_);  // lengths now agree with the post
         rx_begin_ += sizeof(frame_header);
         rx_has_header_ = true;
         rx_got_ = 0;
