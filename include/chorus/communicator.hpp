@@ -36,8 +36,9 @@ struct communicator_options {
   algo_table algorithms{};
   /// How the tuner chooses (CHORUS_TUNER, CHORUS_TUNING_FILE; see tuner.hpp).
   tuner_options tuning{};
-  /// CHORUS_SPIN_US: how long a wait polls before it sleeps. Unset: 50 µs, or 0 when this
-  /// node runs more ranks than it has cores (a spinning rank then steals a peer's core).
+  /// CHORUS_SPIN_US: how long a wait polls before it sleeps, fixed. Unset: 0 when this node
+  /// runs more ranks than it has cores (a spinning rank then steals a peer's core), else
+  /// 50 µs growing to 1 ms after short waits that slept (executor_options::spin_max).
   std::optional<std::chrono::microseconds> spin;
   executor_options exec{};  ///< exec.spin is set from `spin` when the communicator starts
 

@@ -109,6 +109,20 @@ TEST_CASE("ranks that share a NIC share its bandwidth, and ranks on the cores do
   CHECK(close(time_of({0, 1, 0, 1}, true), time_of({0, 1, 2, 3}, true), 1e-9));
 }
 
+TEST_CASE("ranks that outnumber their node's cores share them: a ring on 4 ranks and 2 cores takes twice as long") {
+  // One node, every byte copied by the cores: 4 ranks of a ring all busy at once.
+  const std::size_t count = std::size_t{1} << 22;
+  auto time_of = [&](int cores) {
+    sim_network net = network_of(std::vector<int>(4, 0), 0.0, 1e-9);
+    net.cores_per_node = cores;
+    return simulate(net, {.kind = collective::all_gather, .algorithm = algo::ring, .count = count}).seconds;
+  };
+  const double own = time_of(0);
+  CHECK(close(time_of(4), own, 1e-9));  // as many cores as ranks: as if each had its own
+  CHECK(close(time_of(2), 2 * own, 0.05));
+  CHECK(close(time_of(1), 4 * own, 0.05));
+}
+
 TEST_CASE("oversubscribed fat-tree uplinks slow down the traffic that crosses leaves") {
   // Four nodes, two per leaf; a ring's edges 1->2 and 3->0 cross leaves. Uplinks of 2 NICs'
   // worth over 4:1 carry half a NIC: those edges, and so the ring, run at half speed.

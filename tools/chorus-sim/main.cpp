@@ -42,6 +42,7 @@ struct usage_error : std::runtime_error {
 struct options {
   int ranks = 0;
   int per_node = 1;
+  int cores = 0;  // per node; 0: a core per rank
   int nodes_per_leaf = 0;
   double oversubscription = 1;
   std::string topology = "flat";
@@ -78,6 +79,7 @@ void help() {
       "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
       "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
       "  --cpu                  price inter-node transfers on the ranks' cores (TCP on one machine)\n"
+      "  --cores C              each node's ranks share C cores (default: a core per rank)\n"
       "  --json FILE            also write the rows as JSON\n");
 }
 
@@ -199,6 +201,8 @@ options parse(int argc, char** argv) {
       o.intra = parse_link(a, v, false);
     } else if (a == "--inter") {
       inter_text = v;
+    } else if (a == "--cores") {
+      o.cores = parse_int(a, v, 1, 65536);
     } else if (a == "--reduce") {
       o.reduce_s_per_byte = 1e-9 / parse_positive(a, v);
     } else if (a == "--copy") {
@@ -277,13 +281,15 @@ int main(int argc, char** argv) {
   net.inter_on_cpu = o.cpu;
   net.nodes_per_leaf = o.nodes_per_leaf;
   net.oversubscription = o.oversubscription;
+  net.cores_per_node = o.cores < o.per_node ? o.cores : 0;
   net.reduce_s_per_byte = o.reduce_s_per_byte;
   net.copy_s_per_byte = o.copy_s_per_byte;
   const std::size_t es = chorus::size_of(o.type);
   const int nodes = (o.ranks + o.per_node - 1) / o.per_node;
 
-  std::printf("# chorus-sim: %s, %d ranks (%d nodes x %d ranks%s), %s\n",
+  std::printf("# chorus-sim: %s, %d ranks (%d nodes x %d ranks%s%s), %s\n",
               std::string(chorus::to_string(o.kind)).c_str(), o.ranks, nodes, o.per_node,
+              net.cores_per_node > 0 ? (" on " + std::to_string(net.cores_per_node) + " cores").c_str() : "",
               o.nodes_per_leaf > 0 ? (", " + std::to_string(o.nodes_per_leaf) + " nodes per leaf, " +
                                       std::to_string(o.oversubscription) + ":1 uplinks").c_str()
                                    : "",

@@ -95,9 +95,11 @@ struct communicator::impl {
 
   static communicator_options resolve(communicator_options o, int ranks_here) {
     const auto cores = std::max(1u, std::thread::hardware_concurrency());
-    o.exec.spin = o.spin ? *o.spin
-                         : (static_cast<unsigned>(ranks_here) > cores ? std::chrono::microseconds(0)
-                                                                        : o.exec.spin);
+    // A fixed spin where it is set or where this node runs more ranks than cores (none: a
+    // spinning rank steals a peer's core); else the executor adapts it to this machine.
+    if (o.spin || static_cast<unsigned>(ranks_here) > cores) {
+      o.exec.spin = o.exec.spin_max = o.spin ? *o.spin : std::chrono::microseconds(0);
+    }
     return o;
   }
 

@@ -29,6 +29,12 @@ struct executor_options {
   std::size_t slice_bytes = 2 << 20;  ///< CHORUS_SLICE_BYTES: largest frame payload, >= 4 KiB
   std::size_t window = 8;             ///< CHORUS_SLICES_IN_FLIGHT: posted sends (and recvs) per peer, 1..64
   std::chrono::microseconds spin{50};    ///< CHORUS_SPIN_US: poll this long before sleeping
+  /// A wait that slept and still ended within `spin_max` lengthens the next spins to twice
+  /// what it took, up to `spin_max`; longer waits shorten them again, down to `spin`. Waking
+  /// a sleeping rank costs 100-300 µs on this VM (its virtual core halted), so with a fixed
+  /// 50 µs two ranks that once fall asleep keep waking each other late, every exchange 100
+  /// times slower, until the run ends. `spin_max` = `spin`: a fixed spin (CHORUS_SPIN_US).
+  std::chrono::microseconds spin_max{1000};
   /// The largest frame every rank's transport takes (the communicator agrees it at start:
   /// a shared-memory ring holds a few slices, and both ends must cut messages alike).
   std::size_t max_slice_bytes = 64u << 20;
@@ -100,6 +106,8 @@ class executor {
   executor(detail::any_transport& t, executor_options o) : transport_(t), opts_(o) {
     opts_.slice_bytes = std::max<std::size_t>(opts_.slice_bytes, 4096);
     opts_.window = std::clamp<std::size_t>(opts_.window, 1, 64);
+    opts_.spin_max = std::max(opts_.spin_max, opts_.spin);
+    spin_ = opts_.spin;
     transport_.remember(&history_);
   }
   executor(const executor&) = delete;  // the transport holds the address of history_
@@ -203,11 +211,18 @@ class executor {
   bool advance(std::span<const executor_job> jobs);
   bool advance_peer(std::span<const executor_job> jobs, int p);
   bool run_copies();
+  /// After a wait that slept and took `waited` in all: spin for twice that next time if it
+  /// was short enough (a sleep that short only added a wake-up), else halve the spin.
+  void adapt_spin(std::chrono::nanoseconds waited) {
+    spin_ = waited <= opts_.spin_max ? std::clamp<std::chrono::nanoseconds>(2 * waited, spin_, opts_.spin_max)
+                                     : std::max<std::chrono::nanoseconds>(opts_.spin, spin_ / 2);
+  }
   [[noreturn]] void fail_timeout(std::span<const executor_job> jobs,
                                  std::chrono::milliseconds timeout);
 
   detail::any_transport& transport_;
   executor_options opts_;
+  std::chrono::nanoseconds spin_{};  // the current spin, between opts_.spin and opts_.spin_max
   detail::staging_buffer staging_;  // slots for reducing receives, per peer
   detail::staging_buffer scratch_;  // the schedules' scratch buffers
   detail::call_history history_;    // this rank's last calls, for leftover frames
@@ -516,18 +531,22 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
     // Reading the clock costs as much as a poll of shared memory on some VMs, so an idle
     // loop reads it only every 16 turns; the spin starts at the first read after a move.
     clock::time_point idle_since{};
-    bool idle = false;
+    bool idle = false, slept = false;
     unsigned idle_turns = 0;
     for (;;) {
       bool moved = advance(jobs);
-      if (units_left_ == 0) return;
+      if (units_left_ == 0) {
+        if (slept) adapt_spin(clock::now() - idle_since);
+        return;
+      }
       moved = transport_.progress() || moved;
       if (moved) {
-        idle = false;
+        if (slept) adapt_spin(clock::now() - idle_since);
+        idle = slept = false;
         idle_turns = 0;
         continue;
       }
-      if (++idle_turns % 16 != 0 && opts_.spin.count() > 0) continue;
+      if (++idle_turns % 16 != 0 && spin_.count() > 0) continue;
       const auto now = clock::now();
       if (now >= deadline) fail_timeout(jobs, timeout);
       if (!idle) {
@@ -536,7 +555,10 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
       }
       // Spin briefly (a reply often lands within microseconds), then sleep in the kernel so
       // that ranks sharing a core with us can run.
-      if (now - idle_since >= opts_.spin) transport_.wait(deadline);
+      if (now - idle_since >= spin_) {
+        transport_.wait(deadline);
+        slept = true;
+      }
     }
   } catch (const error& e) {
     // Transfers point into the peers' fifos: they are reset only by the next plan(), after

@@ -47,6 +47,9 @@ struct sim_network {
   /// oversubscription of a leaf's uplinks (2: uplinks carry half of what its nodes can send).
   int nodes_per_leaf = 0;
   double oversubscription = 1;
+  /// Cores each node's ranks share, one to every `cores_per_node`-th local rank (0: a core
+  /// per rank). Where ranks outnumber cores, their copies and reductions queue for them.
+  int cores_per_node = 0;
   double reduce_s_per_byte = 0;  ///< gamma: applying a reduction, per byte, on the receiver's core
   double copy_s_per_byte = 0;    ///< a local copy step, per byte
   executor_options exec{};       ///< the executor's slice, window and transports' cap
@@ -89,7 +92,18 @@ class sim_engine {
     ranks_.resize(static_cast<std::size_t>(n));
     int nodes = 0;
     for (int v : net.node_of) nodes = std::max(nodes, v + 1);
-    cpu_.resize(static_cast<std::size_t>(n));
+    // Each rank's core: its own, or one of its node's cores_per_node, dealt out in turn.
+    core_of_.resize(static_cast<std::size_t>(n));
+    std::vector<int> seen(static_cast<std::size_t>(nodes), 0);
+    int cores = 0;
+    for (int r = 0; r < n; ++r) {
+      const int node = net.node_of[static_cast<std::size_t>(r)];
+      const int local = seen[static_cast<std::size_t>(node)]++;
+      core_of_[static_cast<std::size_t>(r)] =
+          net.cores_per_node > 0 ? node * net.cores_per_node + local % net.cores_per_node : r;
+      cores = std::max(cores, core_of_[static_cast<std::size_t>(r)] + 1);
+    }
+    cpu_.resize(static_cast<std::size_t>(cores));
     nic_tx_.resize(static_cast<std::size_t>(nodes));
     nic_rx_.resize(static_cast<std::size_t>(nodes));
     const int leaves = net.nodes_per_leaf > 0 ? (nodes + net.nodes_per_leaf - 1) / net.nodes_per_leaf : 0;
@@ -259,13 +273,13 @@ class sim_engine {
     const link_cost& c = inside ? net_.intra : net_.inter;
     if (inside || net_.inter_on_cpu) {
       // The sender's core copies the slice out; the receiver's copies it in when it takes it.
-      const double sent = reserve(cpu_[static_cast<std::size_t>(from)], now, c.overhead_s + b * c.send_s_per_byte);
+      const double sent = reserve(core(from), now, c.overhead_s + b * c.send_s_per_byte);
       return {sent, arrival{sent - b * c.send_s_per_byte + c.latency_s, sent + c.latency_s, bytes}};
     }
     // The sender's core posts it; then through the NICs (and the leaf switches of a fat tree),
     // cut through: the slice occupies every port on its path at once and finishes no earlier
     // than its slowest.
-    const double posted = reserve(cpu_[static_cast<std::size_t>(from)], now, c.overhead_s);
+    const double posted = reserve(core(from), now, c.overhead_s);
     double start = std::max(posted, nic_tx_[static_cast<std::size_t>(nf)].free_at);
     double end = start + b * c.send_s_per_byte;
     nic_tx_[static_cast<std::size_t>(nf)].free_at = end;
@@ -342,7 +356,7 @@ class sim_engine {
         }
         if (!clear(rs, i, s, access_role::write, whole) || !clear(rs, i, s, access_role::local, whole)) break;
         s.copied = true;
-        const double end = reserve(cpu_[static_cast<std::size_t>(r)], now,
+        const double end = reserve(core(r), now,
                                    static_cast<double>(s.st->recv_bytes) * net_.copy_s_per_byte);
         push({end, r, event_kind::applied, -1, i});
         rs.copies.pop_front();
@@ -397,7 +411,7 @@ class sim_engine {
       ps.arrived.pop_front();
       ++s.recv_taken;
       const double work = receive_work(peer, r, a.bytes, reducing);
-      const double end = std::max(work > 0 ? reserve(cpu_[static_cast<std::size_t>(r)], now, work) : now, a.sent);
+      const double end = std::max(work > 0 ? reserve(core(r), now, work) : now, a.sent);
       push({end, r, event_kind::applied, peer, i});
       moved = true;
     }
@@ -407,6 +421,9 @@ class sim_engine {
   const sim_network& net_;
   std::vector<sim_program> progs_;
   std::vector<rank_state> ranks_;
+  sim_port& core(int rank) { return cpu_[static_cast<std::size_t>(core_of_[static_cast<std::size_t>(rank)])]; }
+
+  std::vector<int> core_of_;
   std::vector<sim_port> cpu_, nic_tx_, nic_rx_, up_, down_;
   std::vector<event> events_;  // a heap (later)
   sim_result result_;

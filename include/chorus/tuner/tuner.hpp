@@ -42,6 +42,9 @@ struct cost_model {
   link_cost inter{10e-6, 0.5 / 2e9, 0.5 / 2e9, 3e-6};     ///< between nodes
   double reduce_s_per_byte = 1.0 / 20e9;            ///< applying a reduction
   double copy_s_per_byte = 1.0 / 20e9;              ///< a local copy
+  /// Cores a node's ranks share where they outnumber them (0: a core per rank); the probe's
+  /// per-byte costs are then one rank's with a core to itself.
+  int cores_per_node = 0;
   std::string source = "defaults";  ///< "probe", "cache" (the job's earlier probe), "file", "defaults"
 
   /// "intra 0.4 us (o 0.2 us) + 6.1 GB/s, inter ..., reduce 19.5 GB/s, copy 21.0 GB/s (probe)",
@@ -55,9 +58,12 @@ struct cost_model {
       return std::string(buf);
     };
     char tail[96];
-    std::snprintf(tail, sizeof tail, ", reduce %.1f GB/s, copy %.1f GB/s (", 1e-9 / reduce_s_per_byte,
+    std::snprintf(tail, sizeof tail, ", reduce %.1f GB/s, copy %.1f GB/s", 1e-9 / reduce_s_per_byte,
                   1e-9 / copy_s_per_byte);
-    return "intra " + link(intra) + ", inter " + link(inter) + tail + source + ")";
+    const std::string cores =
+        cores_per_node > 0 ? ", " + std::to_string(cores_per_node) + " cores per node" : "";
+    return "intra " + link(intra) + ", inter " + link(inter) + tail +
+           cores + " (" + source + ")";
   }
 };
 
@@ -170,6 +176,7 @@ class tuner {
     net.inter_on_cpu = true;  // the probe measured per-rank costs with every rank busy
     net.reduce_s_per_byte = costs_.reduce_s_per_byte;
     net.copy_s_per_byte = costs_.copy_s_per_byte;
+    net.cores_per_node = costs_.cores_per_node;
     net.exec = exec_;
     return net;
   }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chorus/bootstrap/store.hpp"
@@ -35,6 +36,14 @@ inline int probe_partner(const topology& t, bool inter) {
   return me < static_cast<int>(m.size()) ? m[static_cast<std::size_t>(me)] : -1;
 }
 
+/// The median of `v` (not empty); reorders it. Every probe keeps the median of many samples:
+/// on a shared machine one sample in ten may include a sleep and a wake-up that cost 100
+/// times the exchange.
+inline double median(std::vector<double>& v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 /// Median seconds of one exchange of `bytes` each way with `partner` (both send, both
 /// receive, in one group), after a warm-up.
 inline double probe_exchange(communicator& comm, int partner, std::byte* out, std::byte* in,
@@ -45,30 +54,36 @@ inline double probe_exchange(communicator& comm, int partner, std::byte* out, st
     comm.sendrecv(out, bytes, partner, in, bytes, partner, dtype::uint8);
     if (i >= 0) times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
-/// Median seconds of one exchange of `k` small messages each way with `partner`, all in one
-/// group: against a single message, what each extra message costs the ends' cores.
+/// Median seconds that `k` - 1 extra small messages each way with `partner` add to a group
+/// of one: bursts of `k` and of one alternate, and each pair's difference is one sample. A
+/// group runs on the communicator's worker thread, so either burst alone includes the
+/// hand-off to that thread (10 µs here, 20 times an 8-byte exchange); alternating them, both
+/// of a pair see the machine alike even while it is briefly slower (another guest's turn).
 inline double probe_burst(communicator& comm, int partner, std::byte* out, std::byte* in, int k,
                           int reps) {
-  std::vector<double> times;
-  for (int i = -2; i < reps; ++i) {
+  auto burst = [&](int messages) {
     const auto t0 = clock::now();
     comm.group_start();
-    for (int j = 0; j < k; ++j) {
+    for (int j = 0; j < messages; ++j) {
       comm.send_async(out + 64 * j, 8, dtype::uint8, partner, {.tag = 78});
       comm.recv_async(in + 64 * j, 8, dtype::uint8, partner, {.tag = 78});
     }
     comm.group_end().wait();
-    if (i >= 0) times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  std::vector<double> extra;
+  for (int i = -2; i < reps; ++i) {
+    const double one = burst(1);
+    const double many = burst(k);
+    if (i >= 0) extra.push_back(many - one);
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  return median(extra);
 }
 
-/// Median seconds of `f()` over a few runs.
+/// Median seconds of `f()` over `reps` runs, after one.
 template <class F>
 double probe_time(int reps, F&& f) {
   std::vector<double> times;
@@ -77,22 +92,22 @@ double probe_time(int reps, F&& f) {
     f();
     if (i >= 0) times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 /// Measures the links every pair of this communicator uses and agrees on the costs: each
-/// pair fits per-message overhead from a burst of small messages against one (each extra
-/// message costs both ends o for its send and o for its receive), latency from the single
-/// small exchange less those overheads, and per-byte cost from a large exchange; each rank
-/// times a reduction and a copy; an all_reduce averages it all. Kinds of link the
-/// communicator does not have keep `defaults`.
+/// pair fits per-message overhead from a burst of small messages against a burst of one
+/// (each extra message costs both ends o for its send and o for its receive), latency from
+/// the single small exchange less those overheads, and per-byte cost from a large exchange;
+/// each rank times a reduction and a copy; an all_reduce averages it all. Kinds of link the
+/// communicator does not have keep `defaults`. Every figure but the barrier's is a median of
+/// many samples.
 ///
 /// Pairs that exchange over and over keep each other awake; a collective's steps wait on
 /// ever different peers, and where ranks outnumber cores each such wait may cost a trip
-/// through the scheduler. So last, every rank times dissemination barriers (log2 P rounds of
-/// such waits), and whatever a barrier takes beyond what the pair costs predict for it is
-/// added to every link's latency, per round. A collective call: every rank makes it.
+/// through the scheduler. So every rank also times dissemination barriers (log2 P rounds of
+/// such waits), and the pairs' latencies and overheads are scaled until they predict the
+/// barrier measured. A collective call: every rank makes it.
 inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
                               const executor_options& exec) {
   const topology& t = comm.topo();
@@ -103,16 +118,49 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   std::byte* in = out + large;
   std::byte* third = in + large;
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
-  // measuring each, and the reduce and copy times.
+  // measuring each, the reduce and copy times and a barrier's.
   std::array<double, 11> sum{};
+  // Barriers first, on the caller's thread as a blocking collective runs: the mean of a run
+  // of them, as a perf binary reports a collective's time. Where ranks outnumber cores one
+  // barrier in ten takes ten times the median, and those count.
+  auto barrier = [&] {
+    comm.barrier();
+    constexpr int runs = 20;
+    const auto t0 = clock::now();
+    for (int i = 0; i < runs; ++i) comm.barrier();
+    return std::chrono::duration<double>(clock::now() - t0).count() / runs;
+  };
+  sum[10] = barrier();
+  // Where a node runs more ranks than it has cores, the tuner's simulator deals its ranks
+  // out to its cores (cost_model::cores_per_node) and wants what one rank moves with a core
+  // to itself: bandwidths and kernels are then timed one pair (one rank) of a node at a
+  // time, the rest asleep in a barrier. Elsewhere everyone measures at once, as they run.
+  std::array<std::int64_t, 1> cores{static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()))};
+  comm.all_reduce(std::span<std::int64_t>(cores), {.op = reduce_op::min});
+  int most_local = 1;
+  for (const auto& m : t.members) most_local = std::max(most_local, static_cast<int>(m.size()));
+  const bool shared_cores = most_local > cores[0];
+  // Runs f() on every rank, in turn by local rank (`per_turn` at a time) where cores are shared.
+  auto in_turn = [&](int per_turn, auto&& f) {
+    if (!shared_cores) return f();
+    for (int turn = 0; turn * per_turn < most_local; ++turn) {
+      if (t.local_rank() / per_turn == turn) f();
+      comm.barrier();
+    }
+  };
   constexpr int burst = 8;
   for (bool inter : {false, true}) {
     const int partner = probe_partner(t, inter);
+    // Every rank takes part in the turns (they end in barriers), partner or not.
+    const bool any = inter ? t.nodes() > 1 : most_local > 1;
+    if (!any) continue;
+    double tl = 0;
+    in_turn(inter ? 1 : 2, [&] {
+      if (partner >= 0) tl = probe_exchange(comm, partner, out, in, large, 7);
+    });
     if (partner < 0) continue;
-    const double ts = probe_exchange(comm, partner, out, in, small, 15);
-    const double tb = probe_burst(comm, partner, out, in, burst, 9);
-    const double tl = probe_exchange(comm, partner, out, in, large, 3);
-    const double o = std::max(0.0, tb - ts) / (2.0 * (burst - 1));
+    const double ts = probe_exchange(comm, partner, out, in, small, 31);
+    const double o = std::max(0.0, probe_burst(comm, partner, out, in, burst, 15)) / (2.0 * (burst - 1));
     const std::size_t k = inter ? 4 : 0;
     sum[k] += std::max(0.0, ts - 2 * o);
     sum[k + 1] += std::max(0.0, tl - ts) / static_cast<double>(large - small);
@@ -122,12 +170,13 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   comm.barrier();  // every rank times its kernels at once, as they run in a collective
   const reduce_fn add = reduce_function(dtype::float32, reduce_op::sum);
   const std::size_t floats = large / sizeof(float);
-  sum[8] = probe_time(3, [&] { add(third, out, in, floats); }) / static_cast<double>(large);
-  sum[9] = probe_time(3, [&] { std::memcpy(third, out, large); }) / static_cast<double>(large);
-  constexpr int barriers = 10;
-  sum[10] = probe_time(3, [&] {
-              for (int i = 0; i < barriers; ++i) comm.barrier();
-            }) / barriers;
+  in_turn(1, [&] {
+    sum[8] = probe_time(5, [&] { add(third, out, in, floats); }) / static_cast<double>(large);
+    sum[9] = probe_time(5, [&] { std::memcpy(third, out, large); }) / static_cast<double>(large);
+  });
+  // The barriers again, keeping the quicker: a machine briefly slower (another guest's turn)
+  // during one of the two does not make every step look slow.
+  sum[10] = std::min(sum[10], barrier());
   comm.all_reduce(std::span<double>(sum));
   cost_model c = defaults;
   const double n = static_cast<double>(comm.size());
@@ -142,18 +191,26 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   }
   c.reduce_s_per_byte = sum[8] / n;
   c.copy_s_per_byte = sum[9] / n;
+  c.cores_per_node = shared_cores ? static_cast<int>(cores[0]) : 0;
   c.source = "probe";
-  // The barrier's rounds against what these costs predict for them (same on every rank: the
-  // inputs are the agreed sums).
-  int rounds = 0;
-  for (int d = 1; d < comm.size(); d *= 2) ++rounds;
-  if (rounds > 0) {
+  // The pairs' small-message costs say how a step's time splits into latency and overhead,
+  // and how links compare; the barrier, a collective run by every rank at once as the
+  // others will be, says what they add up to. So those costs are scaled until they predict
+  // the barrier measured (same on every rank: the inputs are the agreed sums).
+  if (comm.size() > 1) {
     const tuner model(t, c, {}, exec);
     const double predicted = model.predict(collective::barrier, algo::dissemination, 0, 1);
-    const double extra = (sum[10] / n - predicted) / rounds;
-    if (extra > 0) {
-      if (sum[3] > 0) c.intra.latency_s += extra;
-      if (sum[7] > 0) c.inter.latency_s += extra;
+    const double measured = sum[10] / n;
+    for (link_cost* l : {&c.intra, &c.inter}) {
+      if (sum[l == &c.inter ? 7 : 3] == 0) continue;
+      if (predicted > 0) {
+        l->latency_s *= measured / predicted;
+        l->overhead_s *= measured / predicted;
+      } else {
+        int rounds = 0;
+        for (int d = 1; d < comm.size(); d *= 2) ++rounds;
+        l->latency_s = measured / rounds;
+      }
     }
   }
   return c;
@@ -188,7 +245,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     cached[0] = root.add(key + "/ready", 0);
   }
   comm.all_reduce(std::span<std::int64_t>(cached), {.op = reduce_op::max});
-  std::array<double, 10> v{};
+  std::array<double, 11> v{};
   if (cached[0] > 0) {
     std::vector<std::byte> bytes;
     {
@@ -202,6 +259,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     c.inter = {v[4], v[5], v[6], v[7]};
     c.reduce_s_per_byte = v[8];
     c.copy_s_per_byte = v[9];
+    c.cores_per_node = static_cast<int>(v[10]);
     c.source = "cache";
     return c;
   }
@@ -209,7 +267,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
   if (comm.rank() == 0) {
     v = {c.intra.latency_s, c.intra.send_s_per_byte, c.intra.recv_s_per_byte, c.intra.overhead_s,
          c.inter.latency_s, c.inter.send_s_per_byte, c.inter.recv_s_per_byte, c.inter.overhead_s,
-         c.reduce_s_per_byte, c.copy_s_per_byte};
+         c.reduce_s_per_byte, c.copy_s_per_byte, static_cast<double>(c.cores_per_node)};
     std::lock_guard lk(lock);
     root.set(key, std::as_bytes(std::span(v)));
     root.add(key + "/ready", 1);
