@@ -125,7 +125,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // barrier in ten takes ten times the median, and those count.
   auto barrier = [&] {
     comm.barrier();
-    constexpr int runs = 20;
+    constexpr int runs = 15;
     const auto t0 = clock::now();
     for (int i = 0; i < runs; ++i) comm.barrier();
     return std::chrono::duration<double>(clock::now() - t0).count() / runs;
@@ -156,7 +156,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     if (!any) continue;
     double tl = 0;
     in_turn(inter ? 1 : 2, [&] {
-      if (partner >= 0) tl = probe_exchange(comm, partner, out, in, large, 7);
+      if (partner >= 0) tl = probe_exchange(comm, partner, out, in, large, 5);
     });
     if (partner < 0) continue;
     const double ts = probe_exchange(comm, partner, out, in, small, 31);
