@@ -160,7 +160,9 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     });
     if (partner < 0) continue;
     const double ts = probe_exchange(comm, partner, out, in, small, 31);
-    const double o = std::max(0.0, probe_burst(comm, partner, out, in, burst, 15)) / (2.0 * (burst - 1));
+    // A message's overhead at its two ends is part of the single exchange (ts = L + 2o), so
+    // a burst that says more met a slow hand-off to the worker, not slow messages.
+    const double o = std::clamp(probe_burst(comm, partner, out, in, burst, 15) / (2.0 * (burst - 1)), 0.0, ts / 2);
     const std::size_t k = inter ? 4 : 0;
     sum[k] += std::max(0.0, ts - 2 * o);
     sum[k + 1] += std::max(0.0, tl - ts) / static_cast<double>(large - small);
