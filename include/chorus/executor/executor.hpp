@@ -535,13 +535,11 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
     unsigned idle_turns = 0;
     for (;;) {
       bool moved = advance(jobs);
-      if (units_left_ == 0) {
-        if (slept) adapt_spin(clock::now() - idle_since);
-        return;
-      }
-      moved = transport_.progress() || moved;
+      const bool done = units_left_ == 0;
+      if (!done) moved = transport_.progress() || moved;
+      if (slept && (moved || done)) adapt_spin(clock::now() - idle_since);
+      if (done) return;
       if (moved) {
-        if (slept) adapt_spin(clock::now() - idle_since);
         idle = slept = false;
         idle_turns = 0;
         continue;

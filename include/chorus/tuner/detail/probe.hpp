@@ -198,21 +198,16 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // The pairs' small-message costs say how a step's time splits into latency and overhead,
   // and how links compare; the barrier, a collective run by every rank at once as the
   // others will be, says what they add up to. So those costs are scaled until they predict
-  // the barrier measured (same on every rank: the inputs are the agreed sums).
-  if (comm.size() > 1) {
-    const tuner model(t, c, {}, exec);
-    const double predicted = model.predict(collective::barrier, algo::dissemination, 0, 1);
-    const double measured = sum[10] / n;
+  // the barrier measured (same on every rank: the inputs are the agreed sums). A measured
+  // link predicts a step of at least its exchange's time (L + 2o = ts > 0, o being bounded).
+  const double predicted =
+      tuner(t, c, {}, exec).predict(collective::barrier, algo::dissemination, 0, 1);
+  if (predicted > 0) {
+    const double scale = sum[10] / n / predicted;
     for (link_cost* l : {&c.intra, &c.inter}) {
       if (sum[l == &c.inter ? 7 : 3] == 0) continue;
-      if (predicted > 0) {
-        l->latency_s *= measured / predicted;
-        l->overhead_s *= measured / predicted;
-      } else {
-        int rounds = 0;
-        for (int d = 1; d < comm.size(); d *= 2) ++rounds;
-        l->latency_s = measured / rounds;
-      }
+      l->latency_s *= scale;
+      l->overhead_s *= scale;
     }
   }
   return c;
