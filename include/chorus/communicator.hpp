@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "chorus/bootstrap/topology.hpp"
 #include "chorus/collectives.hpp"
 #include "chorus/concepts.hpp"
+#include "chorus/detail/heartbeat.hpp"
 #include "chorus/executor/executor.hpp"
 #include "chorus/tuner/tuner.hpp"
 #include "chorus/types.hpp"
@@ -41,6 +43,15 @@ struct communicator_options {
   /// 50 µs growing to 1 ms after short waits that slept (executor_options::spin_max).
   std::optional<std::chrono::microseconds> spin;
   executor_options exec{};  ///< exec.spin is set from `spin` when the communicator starts
+  /// CHORUS_HEARTBEAT_PERIOD, CHORUS_HEARTBEAT_TIMEOUT: how ranks notice a frozen or cut-off
+  /// peer (a killed one is noticed at once from its closed connections or its pidfd).
+  heartbeat_options heartbeat{};
+  /// CHORUS_FLIGHT_RECORDER_SIZE: how many of the last operations the flight recorder keeps.
+  std::size_t flight_entries = 256;
+  /// CHORUS_FLIGHT_RECORDER_DIR: where each rank writes its flight record
+  /// (chorus-flight-COMMUNICATOR-rankR.json) when an operation of this communicator first
+  /// fails or times out; empty: nowhere (flight_record() still returns it).
+  std::string flight_dir;
 
   static communicator_options from_env();
 };
@@ -286,6 +297,24 @@ class communicator {
   void group_start();
   request group_end();
 
+  // --- failures ------------------------------------------------------------------------------
+
+  /// Aborts this communicator, from any thread, at any time; idempotent. The operation in
+  /// flight and every later one fail with errc::aborted on this rank, and the peers' pending
+  /// operations with this communicator fail at once (errc::remote_error quoting `why`)
+  /// instead of at their timeouts. Returns within about half a second (the transports' abort
+  /// has that deadline) and never waits for the operation in flight.
+  void abort(const std::string& why = "abort() was called");
+
+  /// The ranks of this communicator known to have failed (dead, frozen, cut off, or reported
+  /// so by a peer), in order, with the reason each is believed failed.
+  std::map<int, std::string> failed_ranks() const;
+
+  /// The flight recorder's JSON: this communicator's last operations (kind, count, dtype, op,
+  /// root, algorithm), each with its state and times. Merge every rank's with
+  /// tools/chorus-flight to find the first call they disagree on and who never reached it.
+  std::string flight_record() const;
+
   // --- sub-communicators ------------------------------------------------------------------
 
   /// Splits this communicator as MPI_Comm_split does: every rank calls it; ranks passing the
@@ -357,10 +386,13 @@ class communicator {
   explicit communicator(std::unique_ptr<impl> p);
   /// `root` is the job's store and `lock` serialises its users; `prefix` names this
   /// communicator's keys there (split() children; the job's own communicator: "").
+  /// `beat` is the job's heartbeat (null: the job's own communicator starts it) and
+  /// `job_ranks` the job rank of each rank here (empty: the identity).
   static communicator make(const launch_info& info, std::shared_ptr<store> st,
                            transport_factory factory, communicator_options opts,
                            std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
-                           std::string prefix);
+                           std::string prefix, std::shared_ptr<detail::heartbeat> beat = nullptr,
+                           std::vector<int> job_ranks = {});
   static void check_sizes(const char* call, std::size_t small, std::size_t big, int factor);
   std::size_t block_of(const char* call, std::size_t in, std::size_t out) const;
   void check_counts(std::size_t in, std::span<const std::size_t> send_counts, std::size_t out,

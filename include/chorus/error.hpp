@@ -25,6 +25,9 @@ enum class errc : std::uint8_t {
   bootstrap,         ///< rendezvous failed: master unreachable, ranks missing
   system,            ///< an operating-system call failed (errno in the message)
   aborted,           ///< abort() was called on the communicator
+  /// a peer stopped answering heartbeats (frozen, cut off) or another rank reported it
+  /// failed; error::ranks() names the failed ranks
+  peer_failed,
 };
 
 /// Returns the stable name of an error code, e.g. "timeout".
@@ -39,6 +42,7 @@ constexpr std::string_view to_string(errc code) noexcept {
     case errc::bootstrap: return "bootstrap";
     case errc::system: return "system";
     case errc::aborted: return "aborted";
+    case errc::peer_failed: return "peer_failed";
   }
   return "unknown";
 }

@@ -198,7 +198,8 @@ TEST_CASE("a peer that exits early turns the survivors' operation into an error 
       RANK_CHECK(false);
     } catch (const error& e) {
       std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
-      RANK_CHECK(e.code() == errc::connection_lost || e.code() == errc::remote_error);
+      RANK_CHECK(e.code() == errc::connection_lost || e.code() == errc::peer_failed);
+      RANK_CHECK(e.ranks() == std::vector<int>{2});
       RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
     }
   }, {.deadline = std::chrono::seconds(60), .env = {{"CHORUS_TIMEOUT", "20"}}});

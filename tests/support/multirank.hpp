@@ -98,7 +98,6 @@ inline int free_port() {
 struct run_options {
   std::chrono::seconds deadline{60};          ///< every rank is killed after this
   std::map<std::string, std::string> env{};  ///< extra environment for every rank
-  bool build_communicator = true;             ///< false: body gets no communicator (env tests)
   std::vector<int> expect_killed{};          ///< ranks that kill themselves on purpose
   std::string stderr_path{};                  ///< non-empty: every rank appends its stderr here
   /// Called in the parent once every rank is forked, with their pids (rank order) and the
@@ -106,9 +105,10 @@ struct run_options {
   std::function<void(const std::vector<pid_t>&, int master_port)> started{};
 };
 
-/// Forks n ranks running `body(comm)`; CHECKs that each exits 0. Returns the exit statuses.
-inline std::vector<int> run_ranks(int n, const std::function<void(communicator&)>& body,
-                                  const run_options& o = {}) {
+/// Forks n ranks, each with a launcher's environment, running `body(rank)`; CHECKs that each
+/// exits 0. Returns the exit statuses. For bodies that make their own communicators.
+inline std::vector<int> run_processes(int n, const std::function<void(int rank)>& body,
+                                      const run_options& o = {}) {
   const int port = free_port();
   std::fflush(stdout);
   std::fflush(stderr);
@@ -135,8 +135,7 @@ inline std::vector<int> run_ranks(int n, const std::function<void(communicator&)
       current_rank() = r;
       int code = 0;
       try {
-        auto comm = communicator::from_env<auto_transport>();
-        body(comm);
+        body(r);
         code = std::min(rank_failures(), 100);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "[rank %d] uncaught exception: %s\n", r, e.what());
@@ -186,6 +185,18 @@ inline std::vector<int> run_ranks(int n, const std::function<void(communicator&)
     else CHECK_MESSAGE(WEXITSTATUS(st) == 0, "rank " << r << " of " << n << " failed (exit " << WEXITSTATUS(st) << ")");
   }
   return status;
+}
+
+/// Forks n ranks running `body(comm)` on a communicator of their own; see run_processes.
+inline std::vector<int> run_ranks(int n, const std::function<void(communicator&)>& body,
+                                  const run_options& o = {}) {
+  return run_processes(
+      n,
+      [&](int) {
+        auto comm = communicator::from_env<auto_transport>();
+        body(comm);
+      },
+      o);
 }
 
 }  // namespace chorus::test

@@ -67,8 +67,10 @@ TEST_CASE("a rank killed with SIGKILL mid-job fails every survivor naming it, an
       RANK_CHECK(false);
     } catch (const error& e) {
       std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
-      // The neighbours of rank 2 see it die; the others hear from them (abort flags).
-      RANK_CHECK((e.code() == errc::connection_lost || e.code() == errc::remote_error));
+      // The neighbours of rank 2 see it die; the others hear from them (their report, then
+      // their abort flags) and name it too.
+      RANK_CHECK((e.code() == errc::connection_lost || e.code() == errc::peer_failed));
+      RANK_CHECK(e.ranks() == std::vector<int>{2});
       RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
     }
   }, {.env = shm_env, .expect_killed = {2}});

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -15,6 +16,7 @@
 
 #include "chorus/bootstrap/detail/group_store.hpp"
 #include "chorus/communicator.hpp"
+#include "chorus/detail/flight_recorder.hpp"
 #include "chorus/detail/op_desc.hpp"
 #include "chorus/reduce/reduce.hpp"
 #include "chorus/schedule/build.hpp"
@@ -42,6 +44,10 @@ inline communicator_options communicator_options::from_env() {
       env_int("CHORUS_SLICE_BYTES", static_cast<int>(o.exec.slice_bytes), 4096, 64 << 20));
   o.exec.window = static_cast<std::size_t>(
       env_int("CHORUS_SLICES_IN_FLIGHT", static_cast<int>(o.exec.window), 1, 64));
+  o.heartbeat = heartbeat_options::from_env();
+  o.flight_entries = static_cast<std::size_t>(
+      env_int("CHORUS_FLIGHT_RECORDER_SIZE", static_cast<int>(o.flight_entries), 1, 1 << 20));
+  if (const char* v = std::getenv("CHORUS_FLIGHT_RECORDER_DIR"); v != nullptr) o.flight_dir = v;
   if (const char* v = std::getenv("CHORUS_SPIN_US"); v != nullptr && *v != '\0') {
     o.spin = std::chrono::microseconds(parse_env_int("CHORUS_SPIN_US", v, 0, 10000000));
   }
@@ -57,6 +63,8 @@ struct communicator::impl {
   communicator_options opts;
   executor exec;
   chorus::tuner tune;
+  std::shared_ptr<detail::heartbeat> beat;  // the job's; null for a job of one rank
+  detail::watch watch;                      // abort() and the failed ranks, as the executor sees them
 
   // Where split() children find the job's store: the root store, one lock for every view of
   // it, and this communicator's key prefix ("" for the job's own communicator).
@@ -75,6 +83,7 @@ struct communicator::impl {
   std::vector<std::uint64_t> sent_to, recv_from;  // send_recv, per peer and direction
   std::thread worker;
   std::exception_ptr broken;  // the first failure: later operations fail with it
+  detail::flight_recorder flight;  // the last operations, for finding where ranks diverged
 
   // An open group (group_start() without its group_end()); depth counts nesting.
   int group_depth = 0;
@@ -91,7 +100,10 @@ struct communicator::impl {
         opts(resolve(o, std::max(i.local_size, topo.local_size()))),
         exec(*transport, opts.exec),
         sent_to(static_cast<std::size_t>(i.size), 0),
-        recv_from(static_cast<std::size_t>(i.size), 0) {}
+        recv_from(static_cast<std::size_t>(i.size), 0),
+        flight(opts.flight_entries) {
+    exec.set_watch(&watch);
+  }
 
   static communicator_options resolve(communicator_options o, int ranks_here) {
     const auto cores = std::max(1u, std::thread::hardware_concurrency());
@@ -117,24 +129,118 @@ struct communicator::impl {
   std::exception_ptr execute(detail::op_desc& d) noexcept {
     std::exception_ptr eptr;
     std::string why;
+    const std::size_t tickets = d.is_group ? d.members.size() : 1;
+    flight.started(d.flight, tickets);
     try {
-      if (broken) std::rethrow_exception(broken);
+      if (broken) fail_broken(d);
+      if (watch.alarm()) {
+        if (auto e = watch.verdict(d.seq, d.kind)) throw *e;
+      }
       run(d);
+      flight.ended(d.flight, tickets, {});
       return nullptr;
+    } catch (const error& e) {
+      eptr = explain(e);
+      why = e.what();
     } catch (const std::exception& e) {
-      // chorus::error, and std::bad_alloc and the like: this rank cannot go on, so neither
-      // can its peers.
+      // std::bad_alloc and the like: this rank cannot go on, so neither can its peers.
       eptr = std::current_exception();
       why = e.what();
     } catch (...) {
       eptr = std::current_exception();
       why = "unknown exception";
     }
+    flight.ended(d.flight, tickets, why);
     if (!broken) {
       broken = eptr;
       transport->abort(why, exec.failed_call());  // let the peers fail now, not at their timeouts
+      dump_flight(why);
     }
     return eptr;
+  }
+
+  /// This communicator's name in flight records: "world", or its split prefix.
+  std::string name() const {
+    std::string s = prefix.empty() ? "world" : prefix;
+    while (!s.empty() && s.back() == '/') s.pop_back();
+    std::replace(s.begin(), s.end(), '/', '.');
+    return s;
+  }
+
+  /// Writes the flight record where CHORUS_FLIGHT_RECORDER_DIR says, best effort: a failure
+  /// to write is logged, never thrown over the error being reported.
+  void dump_flight(const std::string& reason) const noexcept {
+    if (opts.flight_dir.empty()) return;
+    try {
+      const std::string path = opts.flight_dir + "/chorus-flight-" + name() + "-rank" + std::to_string(info.rank) + ".json";
+      const std::string text = flight.json(info.rank, info.size, name(), reason);
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+      if (f != nullptr && std::fclose(f) != 0 && ok) throw detail::sys_error("fclose " + path);
+      if (!ok) throw detail::sys_error("writing the flight record " + path);
+      detail::log(detail::log_level::warn, info.rank, "flight record written to " + path);
+    } catch (const std::exception& e) {
+      detail::log(detail::log_level::warn, info.rank, std::string("flight record not written: ") + e.what());
+    }
+  }
+
+  /// An operation on a communicator that failed earlier fails at once, naming itself and
+  /// the first failure.
+  [[noreturn]] void fail_broken(const detail::op_desc& d) const {
+    try {
+      std::rethrow_exception(broken);
+    } catch (const error& e) {
+      const std::string kind(to_string(d.kind));
+      throw error(e.code(),
+                  "op " + std::to_string(d.seq) + " (" + kind +
+                      ") not run: this communicator failed earlier: " + std::string(e.what()).substr(8),
+                  e.ranks(), d.seq, kind);
+    }
+  }
+
+  /// The error `e` as this rank reports it. A lost connection is a failed rank, which every
+  /// rank hears of (before our abort frames leave, so a peer reading one finds the report
+  /// already there). A peer's abort is read against the failed ranks known here: when it
+  /// came because a rank failed, the error names that rank, as the peer's own does.
+  std::exception_ptr explain(const error& e) {
+    if (beat && e.code() == errc::connection_lost && !e.ranks().empty()) {
+      std::vector<int> job;
+      for (int r : e.ranks()) job.push_back(watch.job_rank(r));
+      beat->report(job, "connection lost: " + std::string(e.what()).substr(8));
+    }
+    if (beat && e.code() == errc::remote_error) {
+      beat->drain();
+      const auto f = watch.failed();
+      if (!f.empty()) {
+        // The abort's text says "rank J failed: ..." of the rank that sent it, which did not
+        // fail but gave up: say so.
+        std::string told = std::string(e.what()).substr(8);
+        if (const auto at = told.find(" failed: "); at != std::string::npos && told.rfind("rank ", 0) == 0) {
+          told.replace(at, 9, " aborted: ");
+        }
+        const std::string where = e.op() ? " (op " + std::to_string(*e.op()) + ", " + e.call() + ")" : "";
+        return std::make_exception_ptr(error(errc::peer_failed, detail::watch::describe(f) + where + "; " + told,
+                                             detail::watch::ranks_of(f), e.op(), e.call()));
+      }
+    }
+    return std::make_exception_ptr(e);
+  }
+
+  /// communicator::abort(): see communicator.hpp.
+  void abort(const std::string& why) {
+    if (!watch.abort(why)) return;
+    std::unique_lock lk(m);
+    if (busy || broken) return;  // the running operation fails at its next idle turn
+    // Nothing runs: fail the communicator here and tell the peers, holding `busy` so that no
+    // operation starts on the transport meanwhile.
+    busy = true;
+    broken = std::make_exception_ptr(error(errc::aborted, "communicator aborted: " + why));
+    lk.unlock();
+    transport->abort("rank " + std::to_string(info.rank) + " aborted its communicator: " + why, nullptr);
+    lk.lock();
+    busy = false;
+    lk.unlock();
+    cv.notify_all();
   }
 
   schedule build(const detail::op_desc& d) const {
@@ -269,6 +375,7 @@ struct communicator::impl {
   /// Runs `d` now on the caller's thread when nothing is queued (blocking calls), else hands
   /// it to the worker. `lk` holds m.
   request enqueue(std::unique_lock<std::mutex>& lk, detail::op_desc d, bool async) {
+    d.flight = flight.queued(d);
     if (!async && queue.empty() && !busy) {
       // Nothing queued: run on the caller's thread, saving two thread hand-offs (~10 µs on
       // this machine, as much as a whole small all_reduce) and the request's state.
@@ -367,7 +474,8 @@ inline communicator::~communicator() = default;
 inline communicator communicator::make(const launch_info& info, std::shared_ptr<store> st,
                                        transport_factory factory, communicator_options opts,
                                        std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
-                                       std::string prefix) {
+                                       std::string prefix, std::shared_ptr<detail::heartbeat> beat,
+                                       std::vector<int> job_ranks) {
   const tuning_file file = opts.tuning.file.empty() ? tuning_file{} : tuning_file::load(opts.tuning.file);
   topology topo = discover_topology(*st, info);
   auto t = factory(*st, info, topo);
@@ -376,6 +484,17 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
   p->root_store = std::move(root);
   p->store_lock = std::move(lock);
   p->prefix = std::move(prefix);
+  // The job's own communicator starts the heartbeat; split() children share it.
+  if (!beat && info.size > 1) {
+    std::lock_guard lk(*p->store_lock);
+    beat = detail::heartbeat::start(*p->root_store, info, opts.heartbeat);
+  }
+  if (job_ranks.empty()) {
+    job_ranks.resize(static_cast<std::size_t>(info.size));
+    std::iota(job_ranks.begin(), job_ranks.end(), 0);
+  }
+  p->beat = beat;
+  p->watch.bind(beat ? beat->failures() : nullptr, std::move(job_ranks));
   impl& i = *p;
   communicator c(std::move(p));
 
@@ -572,6 +691,12 @@ inline void communicator::sendrecv(const void* out, std::size_t send_count, int 
   p_->sendrecv(out, send_count, dest, in, recv_count, source, t, o);
 }
 
+inline void communicator::abort(const std::string& why) { p_->abort(why); }
+inline std::map<int, std::string> communicator::failed_ranks() const { return p_->watch.failed(); }
+inline std::string communicator::flight_record() const {
+  return p_->flight.json(rank(), size(), p_->name(), "on request");
+}
+
 inline void communicator::group_start() { p_->group_start(); }
 inline request communicator::group_end() { return p_->group_end(); }
 
@@ -604,7 +729,10 @@ inline std::optional<communicator> communicator::split(int color, int key) {
   std::string prefix = p_->prefix + "split/" + std::to_string(id) + "/" + std::to_string(color) + "/";
   auto view = std::make_shared<detail::group_store>(p_->root_store, p_->store_lock, prefix, ci.rank,
                                                     ci.size);
-  return make(ci, view, p_->factory, p_->opts, p_->root_store, p_->store_lock, std::move(prefix));
+  std::vector<int> job_ranks;
+  for (int r : members) job_ranks.push_back(p_->watch.job_rank(r));
+  return make(ci, view, p_->factory, p_->opts, p_->root_store, p_->store_lock, std::move(prefix),
+              p_->beat, std::move(job_ranks));
 }
 
 }  // namespace chorus

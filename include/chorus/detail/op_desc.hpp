@@ -33,6 +33,7 @@ struct op_desc {
   bool is_group = false;
   std::vector<op_desc> members;  ///< a group's operations
   std::shared_ptr<op_state> state = nullptr;  ///< made for queued operations only
+  std::uint64_t flight = 0;  ///< its first ticket in the communicator's flight recorder
 
   static op_desc of(collective k, const void* in, void* out, std::size_t count, dtype t,
                     reduce_op op, algo a, int root = -1) {

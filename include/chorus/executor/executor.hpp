@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "chorus/concepts.hpp"
+#include "chorus/detail/failures.hpp"
 #include "chorus/detail/frame.hpp"
 #include "chorus/error.hpp"
 #include "chorus/executor/detail/hazards.hpp"
@@ -112,6 +113,10 @@ class executor {
   }
   executor(const executor&) = delete;  // the transport holds the address of history_
   executor& operator=(const executor&) = delete;
+
+  /// What an idle wait checks besides its deadline: abort() and the job's failed ranks. A run
+  /// that waits on a failed rank, or on an aborted communicator, ends with the watch's error.
+  void set_watch(const detail::watch* w) { watch_ = w; }
 
   /// Sets the largest frame: the smallest any rank's transport takes (see executor_options).
   void set_max_slice(std::size_t bytes) { opts_.max_slice_bytes = std::max<std::size_t>(bytes, 1); }
@@ -217,6 +222,14 @@ class executor {
     spin_ = waited <= opts_.spin_max ? std::clamp<std::chrono::nanoseconds>(2 * waited, spin_, opts_.spin_max)
                                      : std::max<std::chrono::nanoseconds>(opts_.spin, spin_ / 2);
   }
+  /// The transfer waited for longest: a receive where one is posted, else a send (peer -1
+  /// and step 0 when nothing is posted, e.g. a run of copies only).
+  struct waiting {
+    int peer = -1;
+    bool receiving = false;
+    std::uint32_t step = 0;
+  };
+  waiting oldest_waiting() const;
   [[noreturn]] void fail_timeout(std::span<const executor_job> jobs,
                                  std::chrono::milliseconds timeout);
 
@@ -227,6 +240,7 @@ class executor {
   detail::staging_buffer scratch_;  // the schedules' scratch buffers
   detail::call_history history_;    // this rank's last calls, for leftover frames
   const detail::frame_header* failed_ = nullptr;  // into history_
+  const detail::watch* watch_ = nullptr;
   std::size_t slot_bytes_ = 0;
 
   // Per-run state; the vectors keep their capacity between operations.
@@ -547,6 +561,11 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
       if (++idle_turns % 16 != 0 && spin_.count() > 0) continue;
       const auto now = clock::now();
       if (now >= deadline) fail_timeout(jobs, timeout);
+      if (watch_ != nullptr && watch_->alarm()) {
+        // The job of the oldest waiting transfer names the operation, as for a timeout.
+        const executor_job& j = jobs[steps_[oldest_waiting().step].job];
+        if (auto e = watch_->verdict(j.fp.op_seq, j.fp.kind)) throw *e;
+      }
       if (!idle) {
         idle = true;
         idle_since = now;
@@ -589,23 +608,27 @@ inline void executor::run(std::span<const executor_job> jobs, clock::time_point 
   }
 }
 
-inline void executor::fail_timeout(std::span<const executor_job> jobs,
-                                   std::chrono::milliseconds timeout) {
-  std::string what = "operation";
-  std::vector<int> ranks;
-  const executor_job* j = &jobs.front();
+inline executor::waiting executor::oldest_waiting() const {
   // The oldest receive still waiting names the peer we wait for; else the oldest send.
   for (bool receiving : {true, false}) {
     for (int p : active_) {
       const fifo& q = receiving ? peers_[static_cast<std::size_t>(p)].rx
                                 : peers_[static_cast<std::size_t>(p)].tx;
-      if (q.size == 0) continue;
-      what = (receiving ? "recv from rank " : "send to rank ") + std::to_string(p);
-      ranks.push_back(p);
-      j = &jobs[steps_[q.ring[q.head].step].job];
-      break;
+      if (q.size > 0) return {p, receiving, q.ring[q.head].step};
     }
-    if (!ranks.empty()) break;
+  }
+  return {};
+}
+
+inline void executor::fail_timeout(std::span<const executor_job> jobs,
+                                   std::chrono::milliseconds timeout) {
+  std::string what = "operation";
+  std::vector<int> ranks;
+  const waiting w = oldest_waiting();
+  const executor_job* j = &jobs[steps_[w.step].job];
+  if (w.peer >= 0) {
+    what = (w.receiving ? "recv from rank " : "send to rank ") + std::to_string(w.peer);
+    ranks.push_back(w.peer);
   }
   const double secs = static_cast<double>(timeout.count()) / 1000.0;
   char buf[32];

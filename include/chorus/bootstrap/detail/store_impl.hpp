@@ -215,7 +215,7 @@ struct tcp_store::state {
 
   void throw_reply_error(const detail::store_reply& r, std::string_view what) {
     auto code =
-        static_cast<std::uint64_t>(r.header.arg) <= static_cast<std::uint64_t>(errc::aborted)
+        static_cast<std::uint64_t>(r.header.arg) <= static_cast<std::uint64_t>(errc::peer_failed)
             ? static_cast<errc>(r.header.arg)
             : errc::remote_error;
     std::string text(reinterpret_cast<const char*>(r.value.data()), r.value.size());

@@ -37,6 +37,11 @@ struct tcp_options {
   int rto_min_us = 0;         ///< CHORUS_TCP_RTO_MIN_US, minimum retransmission timeout; 0 keeps the system's
   std::string congestion;     ///< CHORUS_TCP_CONGESTION, e.g. "cubic"; empty keeps the system's
   std::chrono::milliseconds connect_timeout{120000};  ///< CHORUS_BOOTSTRAP_TIMEOUT (seconds)
+  /// CHORUS_HEARTBEAT_TIMEOUT (seconds): every data socket's TCP_USER_TIMEOUT (data unacked
+  /// this long fails the connection: a dead link) and its keepalive, which probes an idle
+  /// connection after a third of it, so that a peer behind a dead link is noticed without
+  /// data in flight too.
+  std::chrono::milliseconds user_timeout{10000};
   /// CHORUS_ENCRYPT=aes-gcm: seal every byte of the data connections with AES-256-GCM under
   /// per-connection keys from the handshake (confidentiality and integrity on an untrusted
   /// network, at a bandwidth cost bench/compare measures). "off" (the default) sends frames
@@ -51,6 +56,7 @@ struct tcp_options {
     o.rto_min_us = env_int("CHORUS_TCP_RTO_MIN_US", o.rto_min_us, 0, 200000);
     if (const char* v = std::getenv("CHORUS_TCP_CONGESTION"); v && *v) o.congestion = v;
     o.connect_timeout = env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", o.connect_timeout);
+    o.user_timeout = env_seconds("CHORUS_HEARTBEAT_TIMEOUT", o.user_timeout);
     if (const char* v = std::getenv("CHORUS_ENCRYPT"); v && *v) {
       const std::string_view mode = v;
       if (mode != "off" && mode != "aes-gcm") {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -24,6 +25,13 @@ namespace detail {
 
 inline void tune_socket(int fd, const tcp_options& o) {
   set_int_option(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)");
+  const auto user_ms = static_cast<int>(std::clamp<long long>(o.user_timeout.count(), 1, INT_MAX));
+  set_int_option(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, user_ms, "setsockopt(TCP_USER_TIMEOUT)");
+  set_int_option(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "setsockopt(SO_KEEPALIVE)");
+  const int idle_s = std::max(1, user_ms / 3000);
+  set_int_option(fd, IPPROTO_TCP, TCP_KEEPIDLE, idle_s, "setsockopt(TCP_KEEPIDLE)");
+  set_int_option(fd, IPPROTO_TCP, TCP_KEEPINTVL, std::max(1, idle_s / 3), "setsockopt(TCP_KEEPINTVL)");
+  set_int_option(fd, IPPROTO_TCP, TCP_KEEPCNT, 3, "setsockopt(TCP_KEEPCNT)");
   if (o.rto_min_us > 0) {
     // Linux >= 6.15 lets a socket lower its minimum retransmission timeout (200 ms by
     // default, a WAN-sized number). Loopback and datacenter links reorder packets now and
@@ -90,19 +98,9 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
   // 2. Publish our address; learn everyone's. Each entry starts with 16 random bytes, of
   //    which rank 0's become the communicator id that every handshake binds to, so a
   //    connection made for one communicator is refused by another.
-  auth_id comm{};
-  auth_random(comm);
-  const std::string me = local.str();
-  std::vector<std::byte> mine(comm.begin(), comm.end());
-  for (char c : me) mine.push_back(static_cast<std::byte>(c));
-  const auto all = store.all_gather("chorus/tcp/addr", mine);
-  std::vector<sock_addr> addrs;
-  for (const auto& a : all) {
-    if (a.size() <= comm.size()) throw error(errc::protocol, "a malformed tcp address in the store");
-    addrs.push_back(parse_host_port(std::string(reinterpret_cast<const char*>(a.data()) + comm.size(),
-                                                a.size() - comm.size())));
-  }
-  std::copy_n(all[0].begin(), comm.size(), comm.begin());
+  auto met = publish_addresses(store, "chorus/tcp/addr", local, "tcp address");
+  const std::vector<sock_addr> addrs = std::move(met.addrs);
+  const auth_id comm = met.group;
   const job_secret& secret = store.secret();
   const auth_id job = store.job_id();
 

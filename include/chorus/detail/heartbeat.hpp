@@ -1,0 +1,347 @@
+// SPDX-License-Identifier: Apache-2.0
+// The heartbeat: a thread per job that tells peers this rank is alive and notices peers
+// that are not (frozen by SIGSTOP, cut off by a dead link), over authenticated UDP datagrams.
+#pragma once
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/bootstrap/detail/handshake.hpp"  // auth_hmac, auth_random, auth_id
+#include "chorus/bootstrap/env.hpp"
+#include "chorus/bootstrap/store.hpp"
+#include "chorus/concepts.hpp"  // clock
+#include "chorus/detail/address.hpp"
+#include "chorus/detail/failures.hpp"
+#include "chorus/detail/log.hpp"
+
+namespace chorus {
+
+/// How ranks watch each other. Every rank of a job must use the same values.
+struct heartbeat_options {
+  /// CHORUS_HEARTBEAT_PERIOD (seconds, fractions allowed): how often a rank says it is alive.
+  std::chrono::milliseconds period{500};
+  /// CHORUS_HEARTBEAT_TIMEOUT (seconds): a peer unheard from for this long is failed, and
+  /// every operation that involves it fails with errc::peer_failed naming it. At least twice
+  /// the period. Data sockets use it as their TCP_USER_TIMEOUT.
+  std::chrono::milliseconds timeout{10000};
+  /// CHORUS_SOCKET_IFNAME: the interface to bind (empty: the one that reaches the master).
+  std::string ifname;
+
+  static heartbeat_options from_env() {
+    heartbeat_options o;
+    o.period = env_seconds("CHORUS_HEARTBEAT_PERIOD", o.period);
+    o.timeout = env_seconds("CHORUS_HEARTBEAT_TIMEOUT", o.timeout);
+    if (const char* v = std::getenv("CHORUS_SOCKET_IFNAME"); v && *v) o.ifname = v;
+    o.check();
+    return o;
+  }
+  void check() const {
+    if (period.count() <= 0 || timeout < 2 * period) {
+      throw error(errc::invalid_argument,
+                  "the heartbeat timeout (CHORUS_HEARTBEAT_TIMEOUT, " + std::to_string(timeout.count()) +
+                      " ms) must be at least twice its period (CHORUS_HEARTBEAT_PERIOD, " +
+                      std::to_string(period.count()) + " ms)");
+    }
+  }
+};
+
+namespace detail {
+
+/// A heartbeat datagram (little-endian), then `failed` u32 job ranks, then a 16-byte tag:
+/// HMAC-SHA256 under the job secret of a label, the job id and every byte before the tag.
+/// `seq` grows with every datagram a rank sends, so a replayed one is ignored.
+struct beat_header {
+  std::uint32_t magic = 0x42484843;  // "CHHB"
+  std::uint16_t version = 1;
+  std::uint16_t flags = 0;           // beat_leaving: the sender's job ends normally
+  std::uint32_t sender = 0;
+  std::uint32_t failed = 0;          // how many failed ranks follow
+  std::uint64_t seq = 0;
+  auth_id comm{};                    // the heartbeat group (rank 0's random id)
+};
+static_assert(sizeof(beat_header) == 40);
+inline constexpr std::uint16_t beat_leaving = 1;
+inline constexpr std::size_t beat_tag_bytes = 16;
+inline constexpr std::uint32_t beat_max_failed = 256;
+inline constexpr std::string_view beat_label = "chorus-heartbeat/1";
+
+/// The ranks a rank sends heartbeats to and expects them from: those at distance 1, 2, 4, ...
+/// either way round the ring, so each rank watches about 2 log2(n) peers and every failure
+/// is seen by several. Symmetric: r watches p exactly when p watches r.
+inline std::vector<int> beat_peers(int rank, int n) {
+  std::vector<int> out;
+  for (int d = 1; d < n; d *= 2) {
+    for (int p : {(rank + d) % n, (rank - d % n + n) % n}) {
+      if (p != rank && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// One per job, shared by its communicators (split() children watch the same processes).
+///
+/// Contract:
+///  1. start() is a collective over the job's store: every rank binds a UDP socket on the
+///     interface that reaches the master and learns every rank's address.
+///  2. Every `period` a thread sends each watched peer a datagram carrying the failed ranks
+///     this rank knows; a peer unheard from for `timeout` joins the failed set. A gap in the
+///     thread's own schedule longer than two periods (this process was stopped) restarts
+///     every peer's clock instead: a rank that cannot tell time judges nobody.
+///  3. report() adds ranks found failed elsewhere (a lost connection) and tells every rank at
+///     once, before it returns, so that a peer that reads our abort frame next finds the
+///     failed rank already reported (drain() reads what has arrived).
+///  4. Datagrams that are short, long, of another group, badly tagged or replayed are
+///     dropped unread; one that names this rank failed (its peers gave up on it) fails it too.
+///  5. The destructor says goodbye (peers stop watching a rank that ends normally), stops
+///     and joins the thread, and closes its descriptors.
+class heartbeat {
+ public:
+  static std::shared_ptr<heartbeat> start(store& st, const launch_info& info,
+                                          const heartbeat_options& o) {
+    o.check();
+    auto h = std::shared_ptr<heartbeat>(new heartbeat(info.rank, info.size, o, st.secret(), st.job_id()));
+    h->bind(info);
+    h->meet(st);
+    h->thread_ = std::thread([p = h.get()] { p->loop(); });
+    return h;
+  }
+
+  heartbeat(const heartbeat&) = delete;
+  heartbeat& operator=(const heartbeat&) = delete;
+  ~heartbeat() {
+    stop_.store(true, std::memory_order_release);
+    poke();
+    if (thread_.joinable()) thread_.join();
+    send_beats(beat_leaving, all_peers());
+  }
+
+  std::shared_ptr<const failure_set> failures() const { return failed_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  /// Ranks found failed by other means (contract 3); `why` for each.
+  void report(const std::vector<int>& ranks, const std::string& why) {
+    bool added = false;
+    for (int r : ranks) {
+      if (r >= 0 && r < size_) added |= failed_->add(r, why);
+    }
+    if (added) send_beats(0, all_peers());
+  }
+
+  /// Reads the datagrams that have arrived (the thread does it too; this is for a caller
+  /// that must see a report that may have raced a frame).
+  void drain() {
+    std::lock_guard lk(recv_m_);
+    receive();
+  }
+
+ private:
+  heartbeat(int rank, int size, const heartbeat_options& o, const job_secret& secret, const auth_id& job)
+      : rank_(rank), size_(size), opts_(o), secret_(secret), job_(job),
+        failed_(std::make_shared<failure_set>()), watched_(beat_peers(rank, size)),
+        heard_(static_cast<std::size_t>(size)), last_seq_(static_cast<std::size_t>(size), 0),
+        gone_(static_cast<std::size_t>(size), false) {}
+
+  void bind(const launch_info& info) {
+    const sock_addr master = resolve(info.master_addr.empty() ? "127.0.0.1" : info.master_addr,
+                                     info.master_port);
+    local_ = choose_local_address(opts_.ifname, master);
+    fd_ = unique_fd(::socket(local_.family(), SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd_) throw sys_error("heartbeat socket");
+    if (::bind(fd_.get(), local_.get(), local_.length) != 0) throw sys_error("heartbeat bind to " + local_.str());
+    local_.length = sizeof local_.storage;
+    ::getsockname(fd_.get(), local_.get(), &local_.length);
+    wake_ = unique_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_) throw sys_error("heartbeat eventfd");
+  }
+
+  void meet(store& st) {
+    auto met = publish_addresses(st, "chorus/heartbeat/addr", local_, "heartbeat address");
+    addrs_ = std::move(met.addrs);
+    comm_ = met.group;
+    const auto now = clock::now();
+    std::fill(heard_.begin(), heard_.end(), now);
+  }
+
+  std::vector<int> all_peers() const {
+    std::vector<int> out;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) out.push_back(p);
+    }
+    return out;
+  }
+
+  void poke() noexcept {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof one);
+  }
+
+  auth_mac tag(std::span<const std::byte> body) const {
+    std::vector<unsigned char> msg(beat_label.size() + job_.size() + body.size());
+    std::memcpy(msg.data(), beat_label.data(), beat_label.size());
+    std::memcpy(msg.data() + beat_label.size(), job_.data(), job_.size());
+    std::memcpy(msg.data() + beat_label.size() + job_.size(), body.data(), body.size());
+    return auth_hmac(secret_.key(), msg);
+  }
+
+  /// One datagram with the failed ranks known now, to each of `to`. Thread-safe.
+  void send_beats(std::uint16_t flags, const std::vector<int>& to) noexcept {
+    try {
+      const auto f = failed_->snapshot();
+      beat_header h;
+      h.flags = flags;
+      h.sender = static_cast<std::uint32_t>(rank_);
+      h.failed = static_cast<std::uint32_t>(std::min<std::size_t>(f.size(), beat_max_failed));
+      h.seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+      h.comm = comm_;
+      std::vector<std::byte> buf(sizeof h + 4 * h.failed + beat_tag_bytes);
+      std::memcpy(buf.data(), &h, sizeof h);
+      std::size_t at = sizeof h;
+      for (const auto& entry : f) {
+        if (at >= sizeof h + 4 * h.failed) break;
+        const auto r = static_cast<std::uint32_t>(entry.first);
+        std::memcpy(buf.data() + at, &r, 4);
+        at += 4;
+      }
+      const auth_mac t = tag(std::span(buf.data(), at));
+      std::memcpy(buf.data() + at, t.data(), beat_tag_bytes);
+      for (int p : to) {
+        const sock_addr& a = addrs_[static_cast<std::size_t>(p)];
+        // Best effort: a full socket buffer or an unreachable peer is what heartbeats are for.
+        ::sendto(fd_.get(), buf.data(), buf.size(), MSG_DONTWAIT, a.get(), a.length);
+      }
+    } catch (...) {
+      // Out of memory while building a datagram: the next period tries again.
+    }
+  }
+
+  /// Reads every datagram waiting; recv_m_ held.
+  void receive() {
+    std::array<std::byte, sizeof(beat_header) + 4 * beat_max_failed + beat_tag_bytes> buf;
+    for (;;) {
+      const ssize_t n = ::recv(fd_.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+      if (n < 0) return;  // EAGAIN (or an ICMP error left on the socket): nothing more now
+      accept(std::span(buf.data(), static_cast<std::size_t>(n)));
+    }
+  }
+
+  void accept(std::span<const std::byte> d) {
+    beat_header h;
+    if (d.size() < sizeof h + beat_tag_bytes) return;
+    std::memcpy(&h, d.data(), sizeof h);
+    const beat_header want;
+    if (h.magic != want.magic || h.version != want.version || h.comm != comm_) return;
+    if (h.sender >= static_cast<std::uint32_t>(size_) || h.sender == static_cast<std::uint32_t>(rank_)) return;
+    if (h.failed > beat_max_failed || d.size() != sizeof h + 4 * std::size_t{h.failed} + beat_tag_bytes) return;
+    const std::size_t body = d.size() - beat_tag_bytes;
+    const auth_mac t = tag(d.first(body));
+    if (CRYPTO_memcmp(t.data(), d.data() + body, beat_tag_bytes) != 0) return;
+    const auto s = static_cast<std::size_t>(h.sender);
+    if (h.seq <= last_seq_[s]) return;  // replayed or reordered: nothing new
+    last_seq_[s] = h.seq;
+    heard_[s] = clock::now();
+    if (h.flags & beat_leaving) gone_[s] = true;
+    for (std::uint32_t i = 0; i < h.failed; ++i) {
+      std::uint32_t r = 0;
+      std::memcpy(&r, d.data() + sizeof h + 4 * i, 4);
+      if (r >= static_cast<std::uint32_t>(size_)) continue;
+      const int failed = static_cast<int>(r);
+      const std::string why = failed == rank_
+                                  ? "rank " + std::to_string(h.sender) + " gave up on this rank"
+                                  : "reported by rank " + std::to_string(h.sender);
+      if (failed_->add(failed, why)) fresh_ = true;
+    }
+  }
+
+  void loop() {
+    auto next_beat = clock::now();
+    auto last_turn = next_beat;
+    while (!stop_.load(std::memory_order_acquire)) {
+      auto now = clock::now();
+      if (now - last_turn > 2 * opts_.period) {
+        // This process was stopped or starved: nobody's silence can be judged.
+        std::lock_guard lk(recv_m_);
+        std::fill(heard_.begin(), heard_.end(), now);
+      }
+      last_turn = now;
+      if (now >= next_beat) {
+        send_beats(0, watched_);
+        next_beat = now + opts_.period;
+      }
+      check(now);
+      pollfd p[2] = {{fd_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_beat - clock::now());
+      const int ms = static_cast<int>(std::clamp<long long>(left.count(), 0, opts_.period.count()));
+      if (::poll(p, 2, ms) > 0) {
+        if (p[1].revents & POLLIN) {
+          std::uint64_t v = 0;
+          [[maybe_unused]] auto r = ::read(wake_.get(), &v, sizeof v);
+        }
+        std::lock_guard lk(recv_m_);
+        receive();
+      }
+      // Pass on what a datagram taught us; the watched peers pass it on in turn, so a report
+      // reaches every rank in about log2(n) hops without n^2 datagrams.
+      if (fresh_.exchange(false)) send_beats(0, watched_);
+    }
+    auth_thread_done();
+  }
+
+  void check(clock::time_point now) {
+    std::vector<std::pair<int, double>> silent;  // rank, seconds unheard
+    {
+      std::lock_guard lk(recv_m_);
+      for (int p : watched_) {
+        const auto s = static_cast<std::size_t>(p);
+        if (!gone_[s] && now - heard_[s] > opts_.timeout && !failed_->contains(p)) {
+          silent.emplace_back(p, std::chrono::duration<double>(now - heard_[s]).count());
+        }
+      }
+    }
+    for (const auto& [p, quiet] : silent) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "no heartbeat for %.2f s (timeout %.3g s)", quiet,
+                    std::chrono::duration<double>(opts_.timeout).count());
+      detail::log(log_level::warn, rank_, "heartbeat: rank " + std::to_string(p) + " " + buf);
+      report({p}, buf);
+    }
+  }
+
+  int rank_;
+  int size_;
+  heartbeat_options opts_;
+  job_secret secret_;
+  auth_id job_;
+  auth_id comm_{};
+  std::shared_ptr<failure_set> failed_;
+  std::vector<int> watched_;
+  std::vector<sock_addr> addrs_;
+  sock_addr local_;
+  unique_fd fd_, wake_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> seq_{0};
+  std::mutex recv_m_;  // guards what receive() writes: heard_, last_seq_, gone_
+  std::vector<clock::time_point> heard_;
+  std::vector<std::uint64_t> last_seq_;
+  std::vector<bool> gone_;
+  std::atomic<bool> fresh_{false};  // a datagram taught us a failure to pass on
+};
+
+}  // namespace detail
+}  // namespace chorus

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// A node cut off the network mid-run (iptables DROP or REJECT in its namespace, or its link
+// set down): every rank's all_reduce must fail naming ranks across the cut, none may hang.
+// Runs cut_rank under chorus-run --nodes 2 -n 2; needs root, iproute2 and iptables.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <regex>
+#include <string>
+
+#include "tools/chorus_run_support.hpp"
+
+using namespace chorus::test;
+
+namespace {
+
+bool have_iptables() {
+  return run_shell(with_sbin + "command -v iptables >/dev/null").exit_code == 0;
+}
+
+struct outcome {
+  int ranks_failed = 0;   // lines reporting an error
+  int named_across = 0;   // ... whose ranks are all across the cut, and at least one
+  double slowest_ms = 0;  // after the cut
+};
+
+/// Ranks 0 and 1 are node 0, ranks 2 and 3 node 1 (the one cut off).
+outcome cut(const std::string& mode) {
+  const auto r = run_shell(with_sbin + "CHORUS_HEARTBEAT_PERIOD=0.1 CHORUS_HEARTBEAT_TIMEOUT=1 " +
+                           "CHORUS_TIMEOUT=60 " + chorus_run() + " --nodes 2 -n 2 --timeout 60 '" +
+                           CUT_RANK_PATH + "' " + mode);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  outcome o;
+  std::smatch m;
+  long long cut_at = 0;
+  if (std::regex_search(r.out, m, std::regex("cut at ([0-9]+)"))) cut_at = std::stoll(m[1]);
+  CHECK(cut_at > 0);
+  static const std::regex line("rank ([0-9]) node ([01]): ([a-z_]+) ranks ([0-9,]*) at ([0-9]+)");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
+    const auto& g = *it;
+    ++o.ranks_failed;
+    const int node = std::stoi(g[2]);
+    const std::string ranks = g[4];
+    bool across = !ranks.empty();
+    for (char c : ranks) {
+      if (c != ',' && ((c - '0') / 2) == node) across = false;
+    }
+    o.named_across += across;
+    o.slowest_ms = std::max(o.slowest_ms, static_cast<double>(std::stoll(g[5]) - cut_at) / 1000.0);
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a node cut off by iptables DROP: every rank fails naming ranks across the cut") {
+  if (skip_without_netns()) return;
+  if (!have_iptables()) {
+    MESSAGE("skipped: iptables is not installed (scripts/setup installs it)");
+    return;
+  }
+  const auto o = cut("drop");
+  CHECK(o.ranks_failed == 4);
+  CHECK(o.named_across == 4);
+  MESSAGE("iptables DROP: slowest rank's error " << o.slowest_ms << " ms after the cut (heartbeat timeout 1000 ms)");
+}
+
+TEST_CASE("a node cut off by iptables REJECT: every rank fails naming ranks across the cut") {
+  if (skip_without_netns()) return;
+  if (!have_iptables()) return;
+  const auto o = cut("reject");
+  CHECK(o.ranks_failed == 4);
+  CHECK(o.named_across == 4);
+  MESSAGE("iptables REJECT: slowest rank's error " << o.slowest_ms << " ms after the cut");
+}
+
+TEST_CASE("a node whose link goes down: every rank fails, none hangs") {
+  if (skip_without_netns()) return;
+  const auto o = cut("down");
+  CHECK(o.ranks_failed == 4);
+  CHECK(o.named_across >= 2);  // node 0's ranks name node 1's; node 1 may lose its own address
+  MESSAGE("ip link set down: slowest rank's error " << o.slowest_ms << " ms after the cut");
+}

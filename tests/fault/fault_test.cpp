@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0
+// Failed ranks: killed, frozen, aborted. Every survivor's operations must fail, naming the
+// failed rank, the operation number and kind; nothing may hang; a short stall must fail
+// nothing; a communicator destroyed after a failure must leave no thread or descriptor.
+//
+// CHORUS_FAULT_TRIALS sets the randomized SIGKILL trials (default 5: the short tier; the
+// long tier runs 50). The detection times are printed (MESSAGE), never asserted.
+#include <dirent.h>
+#include <signal.h>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/shared_counters.hpp"
+#include "support/multirank.hpp"
+
+namespace {
+
+using namespace chorus;
+using test::run_processes;
+using test::run_ranks;
+using test::shared_counters;
+using steady = std::chrono::steady_clock;
+
+// Heartbeats every 100 ms, a peer failed after 1 s unheard.
+const std::map<std::string, std::string> quick_heartbeat{{"CHORUS_HEARTBEAT_PERIOD", "0.1"},
+                                                         {"CHORUS_HEARTBEAT_TIMEOUT", "1"}};
+
+/// Microseconds since `base`, for times compared across processes (CLOCK_MONOTONIC is the
+/// machine's, not the process's).
+int micros_since(steady::time_point base) {
+  return static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - base).count());
+}
+
+bool names(const error& e, int rank) {
+  return std::find(e.ranks().begin(), e.ranks().end(), rank) != e.ranks().end();
+}
+
+/// Runs all_reduces until one fails; returns its error (or nothing after `limit` calls).
+std::optional<error> reduce_until_error(communicator& comm, int limit, std::size_t count = 4096) {
+  std::vector<float> v(count, 1.0f);
+  for (int i = 0; i < limit; ++i) {
+    try {
+      comm.all_reduce(std::span(v));
+    } catch (const error& e) {
+      return e;
+    }
+  }
+  return std::nullopt;
+}
+
+int trials() {
+  const char* v = std::getenv("CHORUS_FAULT_TRIALS");
+  return v != nullptr ? std::max(1, std::atoi(v)) : 5;
+}
+
+int count_entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+TEST_CASE("a SIGKILLed rank of 8, at a random point: every survivor's operation fails naming it") {
+  std::mt19937 rng(std::random_device{}());
+  double worst_ms = 0;
+  for (int trial = 0; trial < trials(); ++trial) {
+    const int victim = static_cast<int>(rng() % 8);
+    const int delay_us = static_cast<int>(rng() % 200000);
+    const std::size_t count = std::size_t{1} << (rng() % 18);  // 1 to 128 Ki floats
+    CAPTURE(trial);
+    CAPTURE(victim);
+    CAPTURE(delay_us);
+    CAPTURE(count);
+    const auto base = steady::now();
+    shared_counters at(9);  // [r]: when rank r's error came; [8]: when the victim died
+    test::run_options o;
+    o.env = quick_heartbeat;
+    o.expect_killed = {victim};
+    o.deadline = std::chrono::seconds(60);
+    run_ranks(
+        8,
+        [&](communicator& comm) {
+          if (comm.rank() == victim) {
+            std::thread([&] {
+              std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+              at[8] = micros_since(base);
+              ::raise(SIGKILL);
+            }).detach();
+            reduce_until_error(comm, 1 << 30, count);
+            return;
+          }
+          const auto e = reduce_until_error(comm, 1 << 30, count);
+          at[static_cast<std::size_t>(comm.rank())] = micros_since(base);
+          RANK_CHECK(e.has_value());
+          if (!e) return;
+          if (!names(*e, victim)) std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e->what());
+          RANK_CHECK(names(*e, victim));
+          RANK_CHECK(e->op().has_value());
+          RANK_CHECK(e->call() == "all_reduce");
+          RANK_CHECK(e->code() == errc::connection_lost || e->code() == errc::peer_failed);
+          // A later operation fails at once, naming itself and the failed rank.
+          const auto later = reduce_until_error(comm, 1, count);
+          RANK_CHECK(later.has_value() && names(*later, victim) && later->op() > e->op());
+          RANK_CHECK(comm.failed_ranks().count(victim) == 1);
+        },
+        o);
+    for (int r = 0; r < 8; ++r) {
+      if (r == victim || at[static_cast<std::size_t>(r)] == 0) continue;
+      worst_ms = std::max(worst_ms, (at[static_cast<std::size_t>(r)] - at[8]) / 1000.0);
+    }
+  }
+  MESSAGE("slowest survivor's error after the SIGKILL: " << worst_ms << " ms over " << trials() << " trials");
+}
+
+TEST_CASE("a SIGSTOPped rank fails its peers' operations by the heartbeat timeout, naming it") {
+  for (int victim : {0, 5}) {
+    CAPTURE(victim);
+    const auto base = steady::now();
+    shared_counters at(10);  // [r]: rank r's error; [8]: SIGSTOP sent; [9]: ranks looping
+    test::run_options o;
+    o.env = quick_heartbeat;
+    o.deadline = std::chrono::seconds(60);
+    o.started = [&](const std::vector<pid_t>& pids, int) {
+      while (at[9] < 8) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      at[8] = micros_since(base);
+      ::kill(pids[static_cast<std::size_t>(victim)], SIGSTOP);
+      // Resume it once every survivor has failed (or after 20 s): it then fails too.
+      const auto until = steady::now() + std::chrono::seconds(20);
+      auto failed = [&] {
+        int n = 0;
+        for (int r = 0; r < 8; ++r) n += r != victim && at[static_cast<std::size_t>(r)] != 0;
+        return n;
+      };
+      while (failed() < 7 && steady::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ::kill(pids[static_cast<std::size_t>(victim)], SIGCONT);
+    };
+    run_ranks(
+        8,
+        [&](communicator& comm) {
+          std::vector<float> v(1024, 1.0f);
+          comm.all_reduce(std::span(v));  // every rank is up and connected
+          ++at[9];
+          const auto e = reduce_until_error(comm, 1 << 30, 1024);
+          at[static_cast<std::size_t>(comm.rank())] = micros_since(base);
+          RANK_CHECK(e.has_value());
+          if (!e || comm.rank() == victim) return;  // the victim learns it was given up on
+          if (!names(*e, victim)) std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e->what());
+          RANK_CHECK(names(*e, victim));
+          RANK_CHECK(e->code() == errc::peer_failed);
+          RANK_CHECK(e->call() == "all_reduce");
+        },
+        o);
+    double worst_ms = 0;
+    for (int r = 0; r < 8; ++r) {
+      if (r != victim) worst_ms = std::max(worst_ms, (at[static_cast<std::size_t>(r)] - at[8]) / 1000.0);
+    }
+    MESSAGE("rank " << victim << " stopped: slowest survivor's error after " << worst_ms
+                    << " ms (heartbeat timeout 1000 ms)");
+  }
+}
+
+TEST_CASE("a stall shorter than half the heartbeat timeout fails nothing") {
+  shared_counters ready(1);
+  test::run_options o;
+  o.env = quick_heartbeat;
+  o.started = [&](const std::vector<pid_t>& pids, int) {
+    while (ready[0] < 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::kill(pids[2], SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    ::kill(pids[2], SIGCONT);
+  };
+  run_ranks(
+      4,
+      [&](communicator& comm) {
+        ++ready[0];
+        // Rank 0's clock decides when to stop (its last element), so all run the same calls.
+        const auto until = steady::now() + std::chrono::seconds(2);
+        std::vector<std::int64_t> v(257);
+        for (int i = 0;; ++i) {
+          std::fill(v.begin(), v.end(), comm.rank() + i);
+          v.back() = comm.rank() == 0 && steady::now() < until;
+          comm.all_reduce(std::span(v));
+          RANK_CHECK(v[0] == 6 + 4 * i);
+          if (v.back() == 0) break;
+        }
+        RANK_CHECK(comm.failed_ranks().empty());
+      },
+      o);
+}
+
+TEST_CASE("abort() from another thread fails the call in flight here and the peers' at once") {
+  run_ranks(4, [](communicator& comm) {
+    std::vector<float> v(1 << 16, 1.0f);
+    if (comm.rank() == 1) {
+      std::thread t([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        comm.abort("the test aborts rank 1");
+        comm.abort("a second abort changes nothing");
+      });
+      // Alone in this all_reduce (the peers sleep first): only abort() can end it.
+      const auto start = steady::now();
+      RANK_CHECK_THROWS_CODE(comm.all_reduce(std::span(v)), errc::aborted);
+      RANK_CHECK(steady::now() - start < std::chrono::seconds(10));  // not the op timeout
+      t.join();
+      try {
+        comm.barrier();
+        RANK_CHECK(false);
+      } catch (const error& e) {
+        RANK_CHECK(e.code() == errc::aborted);
+        RANK_CHECK(std::string(e.what()).find("the test aborts rank 1") != std::string::npos);
+      }
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    try {
+      comm.all_reduce(std::span(v));
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      RANK_CHECK(e.code() == errc::remote_error || e.code() == errc::connection_lost);
+      if (e.code() == errc::remote_error) {
+        RANK_CHECK(std::string(e.what()).find("the test aborts rank 1") != std::string::npos);
+      }
+    }
+  });
+}
+
+TEST_CASE("abort() on an idle communicator: later calls fail, the peers' too") {
+  run_ranks(3, [](communicator& comm) {
+    std::vector<int> v(8, 1);
+    comm.all_reduce(std::span(v));
+    // An abort is an abort: a peer still reading its last frames of the call above would
+    // fail it. Give every rank time to finish first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (comm.rank() == 0) comm.abort("rank 0 gives up");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    try {
+      comm.all_reduce(std::span(v));
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      RANK_CHECK(e.code() == (comm.rank() == 0 ? errc::aborted : errc::remote_error));
+      RANK_CHECK(std::string(e.what()).find("rank 0 gives up") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("a communicator destroyed after a failure leaves no thread or descriptor behind") {
+  test::run_options o;
+  o.env = quick_heartbeat;
+  o.expect_killed = {3};
+  shared_counters ok(1);
+  run_processes(  // each rank makes its communicator between two counts
+      4,
+      [&](int) {
+        const int fds = count_entries("/proc/self/fd");
+        const int threads = count_entries("/proc/self/task");
+        {
+          auto comm = communicator::from_env<auto_transport>();
+          std::vector<float> v(1 << 12, 1.0f);
+          comm.all_reduce(std::span(v));
+          if (comm.rank() == 3) ::raise(SIGKILL);
+          RANK_CHECK(reduce_until_error(comm, 1 << 30).has_value());
+        }
+        // Rank 0's store lingers until its clients leave; give the others' exits a moment.
+        for (int i = 0; i < 200 && (count_entries("/proc/self/fd") != fds ||
+                                    count_entries("/proc/self/task") != threads); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        RANK_CHECK(count_entries("/proc/self/fd") == fds);
+        RANK_CHECK(count_entries("/proc/self/task") == threads);
+        ++ok[0];
+      },
+      o);
+  CHECK(ok[0] == 3);
+}
+
+TEST_CASE("heartbeat options: a timeout under twice the period is refused, naming both") {
+  heartbeat_options h;
+  h.period = std::chrono::milliseconds(500);
+  h.timeout = std::chrono::milliseconds(600);
+  try {
+    h.check();
+    FAIL("accepted");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("CHORUS_HEARTBEAT_TIMEOUT") != std::string::npos);
+    CHECK(std::string(e.what()).find("CHORUS_HEARTBEAT_PERIOD") != std::string::npos);
+  }
+  CHECK(detail::beat_peers(0, 1).empty());
+  CHECK(detail::beat_peers(0, 2) == std::vector<int>{1});
+  CHECK(detail::beat_peers(3, 8) == std::vector<int>{1, 2, 4, 5, 7});
+  // Symmetric for every size: p watches r exactly when r watches p.
+  for (int n = 1; n <= 64; ++n) {
+    for (int r = 0; r < n; ++r) {
+      for (int p : detail::beat_peers(r, n)) {
+        const auto back = detail::beat_peers(p, n);
+        CHECK(std::find(back.begin(), back.end(), r) != back.end());
+      }
+    }
+  }
+}
+
+}  // namespace
