@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "chorus/error.hpp"
+#include "chorus/schedule/schedule.hpp"  // collective
 #include "chorus/types.hpp"
 
 namespace chorus::detail {
