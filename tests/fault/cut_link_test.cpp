@@ -54,25 +54,20 @@ outcome cut(const std::string& mode) {
 
 }  // namespace
 
-TEST_CASE("a node cut off by iptables DROP: every rank fails naming ranks across the cut") {
+TEST_CASE("a node cut off by iptables DROP or REJECT: every rank fails naming ranks across the cut") {
   if (skip_without_netns()) return;
   if (!have_iptables()) {
     MESSAGE("skipped: iptables is not installed (scripts/setup installs it)");
     return;
   }
-  const auto o = cut("drop");
-  CHECK(o.ranks_failed == 4);
-  CHECK(o.named_across == 4);
-  MESSAGE("iptables DROP: slowest rank's error " << o.slowest_ms << " ms after the cut (heartbeat timeout 1000 ms)");
-}
-
-TEST_CASE("a node cut off by iptables REJECT: every rank fails naming ranks across the cut") {
-  if (skip_without_netns()) return;
-  if (!have_iptables()) return;
-  const auto o = cut("reject");
-  CHECK(o.ranks_failed == 4);
-  CHECK(o.named_across == 4);
-  MESSAGE("iptables REJECT: slowest rank's error " << o.slowest_ms << " ms after the cut");
+  for (const char* mode : {"drop", "reject"}) {
+    CAPTURE(mode);
+    const auto o = cut(mode);
+    CHECK(o.ranks_failed == 4);
+    CHECK(o.named_across == 4);
+    MESSAGE("iptables " << mode << ": slowest rank's error " << o.slowest_ms
+                        << " ms after the cut (heartbeat timeout 1000 ms)");
+  }
 }
 
 TEST_CASE("a node whose link goes down: every rank fails, none hangs") {
