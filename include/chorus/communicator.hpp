@@ -315,6 +315,26 @@ class communicator {
   /// tools/chorus-flight to find the first call they disagree on and who never reached it.
   std::string flight_record() const;
 
+  /// Recovery after a failure (MPI's MPIX_Comm_shrink): every surviving rank calls it.
+  /// shrink() first aborts this communicator, so that peers still waiting in it fail now and
+  /// come to shrink() too. The survivors then agree, over the heartbeat, on one set of
+  /// failed ranks (every rank leaves with the same set, or with an error); the first
+  /// survivor in this communicator's order hosts a new rendezvous store (rank 0's may have
+  /// died with it), and the survivors make a new communicator there with the same kind of
+  /// transport, ranked in this communicator's order, with this one's options and measured
+  /// costs. Errors: errc::peer_failed on a rank the others counted failed; errc::timeout
+  /// naming the ranks that did not come within CHORUS_BOOTSTRAP_TIMEOUT. This communicator
+  /// stays failed; destroy it when done.
+  ///
+  /// **Example**:
+  ///   try { comm.all_reduce(std::span(grads)); }
+  ///   catch (const chorus::error& e) {
+  ///     if (e.code() != chorus::errc::peer_failed && e.code() != chorus::errc::connection_lost &&
+  ///         e.code() != chorus::errc::remote_error) throw;
+  ///     comm = comm.shrink();  // the survivors, renumbered 0..size()-1
+  ///   }
+  communicator shrink();
+
   // --- sub-communicators ------------------------------------------------------------------
 
   /// Splits this communicator as MPI_Comm_split does: every rank calls it; ranks passing the
@@ -392,7 +412,7 @@ class communicator {
                            transport_factory factory, communicator_options opts,
                            std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
                            std::string prefix, std::shared_ptr<detail::heartbeat> beat = nullptr,
-                           std::vector<int> job_ranks = {});
+                           std::vector<int> job_ranks = {}, const cost_model* costs = nullptr);
   static void check_sizes(const char* call, std::size_t small, std::size_t big, int factor);
   std::size_t block_of(const char* call, std::size_t in, std::size_t out) const;
   void check_counts(std::size_t in, std::span<const std::size_t> send_counts, std::size_t out,

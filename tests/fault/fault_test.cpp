@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collectives/shared_counters.hpp"
+#include "fault/fault_support.hpp"
 #include "support/multirank.hpp"
 
 namespace {
@@ -28,17 +29,9 @@ using namespace chorus;
 using test::run_processes;
 using test::run_ranks;
 using test::shared_counters;
-using steady = std::chrono::steady_clock;
-
-// Heartbeats every 100 ms, a peer failed after 1 s unheard.
-const std::map<std::string, std::string> quick_heartbeat{{"CHORUS_HEARTBEAT_PERIOD", "0.1"},
-                                                         {"CHORUS_HEARTBEAT_TIMEOUT", "1"}};
-
-/// Microseconds since `base`, for times compared across processes (CLOCK_MONOTONIC is the
-/// machine's, not the process's).
-int micros_since(steady::time_point base) {
-  return static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - base).count());
-}
+using test::micros_since;
+using test::quick_heartbeat;
+using test::steady;
 
 bool names(const error& e, int rank) {
   return std::find(e.ranks().begin(), e.ranks().end(), rank) != e.ranks().end();

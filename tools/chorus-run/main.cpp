@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // chorus-run: starts N local ranks of a program with the CHORUS_* environment, prefixes their
-// output with the rank, and stops every rank as soon as one fails. With --nodes it spreads
+// output with the rank, and stops every rank as soon as one fails (unless --keep-going: for
+// programs that shrink() their communicator and go on without it). With --nodes it spreads
 // the ranks over emulated nodes: network namespaces on a bridge, optionally rate-capped.
 //
-// Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] PROGRAM [ARGS...]
+// Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] PROGRAM [ARGS...]
 //        chorus-run --nodes K -n M | --nodes M1,M2,... [--link-rate RATE] [--net-stats] ...
 //
 //   $ chorus-run -n 2 sh -c 'echo hi $CHORUS_RANK'
@@ -19,7 +20,8 @@
 //
 // Exit status: 0 when every rank exits 0; 1 when a rank exits non-zero; 128+sig when a rank is
 // killed by a signal (or chorus-run is interrupted by one); 124 on --timeout; 2 on bad usage or
-// when the program cannot be started.
+// when the program cannot be started. With --keep-going, ranks killed by a signal are reported
+// and do not count, so the status is 0 when every other rank exits 0 (and one at least does).
 //
 // How it works: one process per rank, each the leader of its own process group so that a
 // signal reaches the rank and everything it started. stdout and stderr come back through
@@ -88,7 +90,7 @@ constexpr auto drain_grace = 1s;
 constexpr std::size_t max_line = std::size_t{1} << 20;
 
 constexpr std::string_view usage_text =
-    "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] PROGRAM [ARGS...]\n"
+    "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] PROGRAM [ARGS...]\n"
     "       chorus-run --nodes K -n M [--link-rate RATE] [--net-stats] [...] PROGRAM [ARGS...]\n"
     "       chorus-run --nodes M1,M2,... [--link-rate RATE] [--net-stats] [...] PROGRAM [ARGS...]\n"
     "  -n N               number of ranks to start (1..1024); with --nodes K, ranks per node\n"
@@ -96,6 +98,9 @@ constexpr std::string_view usage_text =
     "                     --nodes)\n"
     "  --timeout SECONDS  kill every rank after SECONDS and exit 124\n"
     "  --no-prefix        do not prefix output lines with \"[rank] \"\n"
+    "  --keep-going       a rank killed by a signal does not stop the others, which may go on\n"
+    "                     without it (communicator::shrink()); it is reported, and the exit\n"
+    "                     status is the other ranks'\n"
     "  --nodes K          run the ranks on K (1..64) emulated nodes of -n M ranks each\n"
     "  --nodes M1,M2,...  run M1 ranks on node 0, M2 on node 1, ... (-n, if given, must be the\n"
     "                     sum). Each node is a network namespace joined to the others by a\n"
@@ -164,6 +169,7 @@ struct options {
   int port = 0;            // 0: pick a free one
   double timeout_s = 0.0;  // 0: none
   bool prefix = true;
+  bool keep_going = false;  // --keep-going: a rank killed by a signal does not stop the rest
   std::vector<int> node_sizes;  // --nodes: ranks on each emulated node; empty: no emulation
   std::optional<std::uint64_t> link_rate_bits;  // --link-rate, in bit/s; needs --nodes
   bool net_stats = false;                       // --net-stats; needs --nodes
@@ -239,6 +245,8 @@ options parse_options(int argc, char** argv) {
     }
     if (arg == "--no-prefix") {
       opt.prefix = false;
+    } else if (arg == "--keep-going") {
+      opt.keep_going = true;
     } else if (arg == "--net-stats") {
       opt.net_stats = true;
     } else if (auto k = value_of(arg, "--nodes")) {
@@ -707,6 +715,11 @@ class launcher {
           say("rank " + std::to_string(r) + " exited with status " +
               std::to_string(WEXITSTATUS(status)));
           stop_rest(1);
+        } else if (WIFSIGNALED(status) && opt_.keep_going) {
+          ++killed_;
+          say("rank " + std::to_string(r) + " killed by signal " + signal_name(WTERMSIG(status)) +
+              "; the other ranks go on (--keep-going)");
+          if (killed_ == opt_.nranks) begin_shutdown(128 + WTERMSIG(status));
         } else if (WIFSIGNALED(status)) {
           say("rank " + std::to_string(r) + " killed by signal " +
               signal_name(WTERMSIG(status)));
@@ -840,6 +853,7 @@ class launcher {
   bool timed_out_ = false;
   bool all_exited_ = false;
   int exit_code_ = 0;
+  int killed_ = 0;  // ranks killed by a signal under --keep-going
   std::optional<clock_type::time_point> timeout_at_;
   std::optional<clock_type::time_point> kill_at_;
   clock_type::time_point drain_until_{};

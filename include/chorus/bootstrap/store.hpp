@@ -17,6 +17,10 @@
 
 namespace chorus {
 
+namespace detail {
+class store_server;
+}
+
 /// How the store waits. Every field has a visible default.
 struct store_options {
   /// Deadline of each wait: the initial rendezvous (connecting included) and every get,
@@ -109,6 +113,11 @@ class tcp_store final : public store {
   /// With info.size == 1 rank 0 listens on an ephemeral port instead, so single-process runs
   /// never collide on a port.
   [[nodiscard]] static tcp_store connect(const launch_info& info, store_options options = {});
+  /// Rank 0's connect() to a server it started earlier (a detail::store_server for
+  /// info.size ranks, not yet started), so that its port could be announced before any rank
+  /// connects: communicator::shrink() hosts the survivors' store on an ephemeral port.
+  [[nodiscard]] static tcp_store connect(const launch_info& info, store_options options,
+                                         std::unique_ptr<detail::store_server> server);
 
   /// Stores `value` under `key`, replacing any earlier value.
   void set(std::string_view key, std::span<const std::byte> value) override;

@@ -72,6 +72,7 @@ struct communicator::impl {
   std::shared_ptr<std::mutex> store_lock;
   std::string prefix;
   std::uint64_t splits = 0;
+  std::uint64_t shrinks = 0;
 
   // Progress engine. Lock order: m, then nothing (execution happens outside m).
   std::mutex m;
@@ -206,7 +207,7 @@ struct communicator::impl {
     if (beat && e.code() == errc::connection_lost && !e.ranks().empty()) {
       std::vector<int> job;
       for (int r : e.ranks()) job.push_back(watch.job_rank(r));
-      beat->report(job, "connection lost: " + std::string(e.what()).substr(8));
+      beat->report(job, std::string(e.what()).substr(8));
     }
     if (beat && e.code() == errc::remote_error) {
       beat->drain();
@@ -475,7 +476,7 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
                                        transport_factory factory, communicator_options opts,
                                        std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
                                        std::string prefix, std::shared_ptr<detail::heartbeat> beat,
-                                       std::vector<int> job_ranks) {
+                                       std::vector<int> job_ranks, const cost_model* known_costs) {
   const tuning_file file = opts.tuning.file.empty() ? tuning_file{} : tuning_file::load(opts.tuning.file);
   topology topo = discover_topology(*st, info);
   auto t = factory(*st, info, topo);
@@ -500,7 +501,8 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
 
   // Costs: the tuning file's, else the probe's (or the job's earlier probe), else defaults.
   cost_model costs;
-  if (file.intra || file.inter || file.reduce_s_per_byte || file.copy_s_per_byte) {
+  if (known_costs != nullptr) costs = *known_costs;  // shrink(): the same machines, measured
+  if (known_costs == nullptr && (file.intra || file.inter || file.reduce_s_per_byte || file.copy_s_per_byte)) {
     if (file.intra) costs.intra = *file.intra;
     if (file.inter) costs.inter = *file.inter;
     if (file.reduce_s_per_byte) costs.reduce_s_per_byte = *file.reduce_s_per_byte;
@@ -520,7 +522,7 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
     i.exec.set_max_slice(i.opts.exec.max_slice_bytes);
   }
   i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec);  // for the probe's own calls
-  if (costs.source == "defaults" && opts.tuning.probe && info.size > 1) {
+  if (known_costs == nullptr && costs.source == "defaults" && opts.tuning.probe && info.size > 1) {
     const std::string signature = i.transport->name() + "/" + i.topo.describe() + "/slice " +
                                   std::to_string(i.opts.exec.slice_bytes) + "/window " +
                                   std::to_string(i.opts.exec.window);
@@ -733,6 +735,66 @@ inline std::optional<communicator> communicator::split(int color, int key) {
   for (int r : members) job_ranks.push_back(p_->watch.job_rank(r));
   return make(ci, view, p_->factory, p_->opts, p_->root_store, p_->store_lock, std::move(prefix),
               p_->beat, std::move(job_ranks));
+}
+
+inline communicator communicator::shrink() {
+  impl& i = *p_;
+  abort("shrink() was called");
+  store_options so;
+  so.timeout = i.opts.bootstrap_timeout;
+  so.secret = i.st->secret();
+  launch_info next = i.info;
+  std::unique_ptr<detail::store_server> server;
+  if (!i.beat) {
+    // A job of one rank: nobody to agree with, and a store of its own.
+    next.master_addr = "127.0.0.1";
+    next.master_port = 0;
+    auto st = std::make_shared<tcp_store>(tcp_store::connect(next, so));
+    return make(next, st, i.factory, i.opts, st, std::make_shared<std::mutex>(), "", nullptr, {},
+                &i.tune.costs());
+  }
+  // Every member names this shrink alike: this communicator and how many shrinks it had.
+  std::uint64_t key = 0xcbf29ce484222325;  // FNV-1a
+  for (char ch : i.name() + "#" + std::to_string(i.shrinks++)) {
+    key = (key ^ static_cast<std::uint8_t>(ch)) * 0x100000001b3;
+  }
+  const auto plan = i.beat->agree(
+      key, i.watch.job_ranks(),
+      [&](int ranks) {
+        server = std::make_unique<detail::store_server>(i.beat->local_host(), std::uint16_t{0}, ranks,
+                                                        so.timeout, *so.secret);
+        return server->port();
+      },
+      clock::now() + i.opts.bootstrap_timeout);
+  try {
+    // The survivors in this communicator's order; the first (the store's host) is rank 0.
+    std::vector<int> survivors;
+    for (int r = 0; r < size(); ++r) {
+      if (!std::binary_search(plan.failed.begin(), plan.failed.end(), i.watch.job_rank(r))) {
+        survivors.push_back(r);
+      }
+    }
+    next.size = static_cast<int>(survivors.size());
+    next.rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), rank()) - survivors.begin());
+    next.local_rank = 0;
+    next.local_size = 0;
+    for (int r : survivors) {
+      if (!i.topo.same_node(r, rank())) continue;
+      if (r == rank()) next.local_rank = next.local_size;
+      ++next.local_size;
+    }
+    next.master_addr = plan.host_addr;
+    next.master_port = plan.port;
+    auto st = std::make_shared<tcp_store>(next.rank == 0 ? tcp_store::connect(next, so, std::move(server))
+                                                         : tcp_store::connect(next, so));
+    communicator c = make(next, st, i.factory, i.opts, st, std::make_shared<std::mutex>(), "", nullptr, {},
+                          &i.tune.costs());
+    i.beat->end_shrink();
+    return c;
+  } catch (...) {
+    i.beat->end_shrink();
+    throw;
+  }
 }
 
 }  // namespace chorus

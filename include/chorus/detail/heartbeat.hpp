@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,6 +76,14 @@ struct beat_header {
 };
 static_assert(sizeof(beat_header) == 40);
 inline constexpr std::uint16_t beat_leaving = 1;
+/// The sender takes part in a shrink: a beat_shrink_ext follows the failed ranks.
+inline constexpr std::uint16_t beat_shrink = 2;
+struct beat_shrink_ext {
+  std::uint64_t key = 0;        // which shrink (communicator and how many shrinks before)
+  std::uint32_t store_port = 0; // the survivors' new store, from its host; 0 elsewhere
+  std::uint32_t reserved = 0;
+};
+static_assert(sizeof(beat_shrink_ext) == 16);
 inline constexpr std::size_t beat_tag_bytes = 16;
 inline constexpr std::uint32_t beat_max_failed = 256;
 inline constexpr std::string_view beat_label = "chorus-heartbeat/1";
@@ -107,7 +116,14 @@ inline std::vector<int> beat_peers(int rank, int n) {
 ///     failed rank already reported (drain() reads what has arrived).
 ///  4. Datagrams that are short, long, of another group, badly tagged or replayed are
 ///     dropped unread; one that names this rank failed (its peers gave up on it) fails it too.
-///  5. The destructor says goodbye (peers stop watching a rank that ends normally), stops
+///     What a rank counted failed here says of others is not believed.
+///  5. agree() is shrink()'s agreement among a communicator's members (job ranks, in its
+///     order): each sends every other live member datagrams carrying the shrink's key, the
+///     failed ranks it knows (which every receiver adds to its own) and, from the host (the
+///     first member not failed), the port of the survivors' new store. It returns when every
+///     live member's latest datagram names the same failed members as this rank's, so all
+///     leave with the same set; a failure found meanwhile grows the set and the round goes on.
+///  6. The destructor says goodbye (peers stop watching a rank that ends normally), stops
 ///     and joins the thread, and closes its descriptors.
 class heartbeat {
  public:
@@ -133,6 +149,8 @@ class heartbeat {
   std::shared_ptr<const failure_set> failures() const { return failed_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// The host part of this rank's heartbeat address (the interface that reaches the master).
+  std::string local_host() const { return local_.host(); }
 
   /// Ranks found failed by other means (contract 3); `why` for each.
   void report(const std::vector<int>& ranks, const std::string& why) {
@@ -150,12 +168,108 @@ class heartbeat {
     receive();
   }
 
+  /// What the live members of a shrink agreed on (contract 5).
+  struct shrink_plan {
+    std::vector<int> failed;  // job ranks, ascending
+    int host = -1;            // job rank of the store's host
+    std::string host_addr;    // where it listens
+    std::uint16_t port = 0;
+  };
+
+  /// Contract 5. `members` are job ranks in the communicator's order; `serve(n)` is called
+  /// on the host to start a store for n ranks (again if the set grows) and returns its port.
+  /// Throws errc::peer_failed when the peers gave up on this rank, errc::timeout naming the
+  /// members that did not agree by `deadline`.
+  shrink_plan agree(std::uint64_t key, const std::vector<int>& members,
+                    const std::function<std::uint16_t(int ranks)>& serve, clock::time_point deadline) {
+    std::vector<int> known;  // the failed members this rank last announced
+    bool first = true;
+    auto next_send = clock::now();
+    for (;;) {
+      const auto all = failed_->snapshot();
+      std::vector<int> failed, live;
+      for (int m : members) (all.count(m) ? failed : live).push_back(m);
+      std::sort(failed.begin(), failed.end());
+      if (all.count(rank_)) {
+        end_shrink();
+        throw error(errc::peer_failed, "shrink: the other ranks count this one failed (" + all.at(rank_) + ")",
+                    {rank_}, std::nullopt, "shrink");
+      }
+      const int host = live.front();  // this rank is live, so there is one
+      const auto now = clock::now();
+      if (first || failed != known) {
+        const std::uint16_t port = host == rank_ ? serve(static_cast<int>(live.size())) : 0;
+        std::lock_guard lk(shrink_m_);
+        shrink_.key = key;
+        shrink_.store_port = port;
+        shrink_to_.clear();
+        for (int m : live) {
+          if (m != rank_) shrink_to_.push_back(m);
+        }
+        shrinking_.store(true, std::memory_order_release);
+        known = failed;
+        first = false;
+        next_send = now;
+      }
+      if (now >= next_send) {
+        send_beats(0, shrink_peers());
+        next_send = now + std::chrono::milliseconds(10);
+      }
+      std::vector<int> waiting;
+      shrink_plan plan;
+      {
+        std::lock_guard lk(recv_m_);
+        receive();
+        for (int m : live) {
+          if (m == rank_) continue;
+          const auto& h = heard_shrink_[static_cast<std::size_t>(m)];
+          std::vector<int> theirs;
+          for (int f : h.failed) {
+            if (std::find(members.begin(), members.end(), f) != members.end()) theirs.push_back(f);
+          }
+          if (h.key != key || theirs != failed || (m == host && h.port == 0)) waiting.push_back(m);
+          if (m == host) plan.port = h.port;
+        }
+      }
+      if (waiting.empty()) {
+        if (host == rank_) {
+          std::lock_guard lk(shrink_m_);
+          plan.port = static_cast<std::uint16_t>(shrink_.store_port);
+        }
+        plan.failed = failed;
+        plan.host = host;
+        plan.host_addr = host == rank_ ? local_.host() : addrs_[static_cast<std::size_t>(host)].host();
+        return plan;
+      }
+      if (now >= deadline) {
+        end_shrink();
+        std::string who;
+        for (int m : waiting) who += (who.empty() ? "" : ", ") + std::to_string(m);
+        throw error(errc::timeout, "shrink: no agreement on the failed ranks in time: job ranks " + who +
+                                       " never confirmed this rank's set", waiting, std::nullopt, "shrink");
+      }
+      pollfd p{fd_.get(), POLLIN, 0};
+      ::poll(&p, 1, 5);
+    }
+  }
+
+  /// Stops announcing the shrink (its communicator is made, or the shrink failed).
+  void end_shrink() noexcept {
+    shrinking_.store(false, std::memory_order_release);
+  }
+
  private:
   heartbeat(int rank, int size, const heartbeat_options& o, const job_secret& secret, const auth_id& job)
       : rank_(rank), size_(size), opts_(o), secret_(secret), job_(job),
         failed_(std::make_shared<failure_set>()), watched_(beat_peers(rank, size)),
         heard_(static_cast<std::size_t>(size)), last_seq_(static_cast<std::size_t>(size), 0),
-        gone_(static_cast<std::size_t>(size), false) {}
+        gone_(static_cast<std::size_t>(size), false), heard_shrink_(static_cast<std::size_t>(size)) {}
+
+  /// The live members of the shrink this rank announces, besides itself.
+  std::vector<int> shrink_peers() const {
+    std::lock_guard lk(shrink_m_);
+    return shrink_to_;
+  }
 
   void bind(const launch_info& info) {
     const sock_addr master = resolve(info.master_addr.empty() ? "127.0.0.1" : info.master_addr,
@@ -203,13 +317,20 @@ class heartbeat {
   void send_beats(std::uint16_t flags, const std::vector<int>& to) noexcept {
     try {
       const auto f = failed_->snapshot();
+      beat_shrink_ext ext;
+      if (shrinking_.load(std::memory_order_acquire)) {
+        std::lock_guard lk(shrink_m_);
+        ext = shrink_;
+        flags |= beat_shrink;
+      }
+      const std::size_t ext_bytes = (flags & beat_shrink) ? sizeof ext : 0;
       beat_header h;
       h.flags = flags;
       h.sender = static_cast<std::uint32_t>(rank_);
       h.failed = static_cast<std::uint32_t>(std::min<std::size_t>(f.size(), beat_max_failed));
       h.seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
       h.comm = comm_;
-      std::vector<std::byte> buf(sizeof h + 4 * h.failed + beat_tag_bytes);
+      std::vector<std::byte> buf(sizeof h + 4 * h.failed + ext_bytes + beat_tag_bytes);
       std::memcpy(buf.data(), &h, sizeof h);
       std::size_t at = sizeof h;
       for (const auto& entry : f) {
@@ -217,6 +338,10 @@ class heartbeat {
         const auto r = static_cast<std::uint32_t>(entry.first);
         std::memcpy(buf.data() + at, &r, 4);
         at += 4;
+      }
+      if (ext_bytes != 0) {
+        std::memcpy(buf.data() + at, &ext, sizeof ext);
+        at += sizeof ext;
       }
       const auth_mac t = tag(std::span(buf.data(), at));
       std::memcpy(buf.data() + at, t.data(), beat_tag_bytes);
@@ -232,7 +357,7 @@ class heartbeat {
 
   /// Reads every datagram waiting; recv_m_ held.
   void receive() {
-    std::array<std::byte, sizeof(beat_header) + 4 * beat_max_failed + beat_tag_bytes> buf;
+    std::array<std::byte, sizeof(beat_header) + 4 * beat_max_failed + sizeof(beat_shrink_ext) + beat_tag_bytes> buf;
     for (;;) {
       const ssize_t n = ::recv(fd_.get(), buf.data(), buf.size(), MSG_DONTWAIT);
       if (n < 0) return;  // EAGAIN (or an ICMP error left on the socket): nothing more now
@@ -247,7 +372,11 @@ class heartbeat {
     const beat_header want;
     if (h.magic != want.magic || h.version != want.version || h.comm != comm_) return;
     if (h.sender >= static_cast<std::uint32_t>(size_) || h.sender == static_cast<std::uint32_t>(rank_)) return;
-    if (h.failed > beat_max_failed || d.size() != sizeof h + 4 * std::size_t{h.failed} + beat_tag_bytes) return;
+    const std::size_t ext_bytes = (h.flags & beat_shrink) ? sizeof(beat_shrink_ext) : 0;
+    if (h.failed > beat_max_failed ||
+        d.size() != sizeof h + 4 * std::size_t{h.failed} + ext_bytes + beat_tag_bytes) {
+      return;
+    }
     const std::size_t body = d.size() - beat_tag_bytes;
     const auth_mac t = tag(d.first(body));
     if (CRYPTO_memcmp(t.data(), d.data() + body, beat_tag_bytes) != 0) return;
@@ -256,15 +385,27 @@ class heartbeat {
     last_seq_[s] = h.seq;
     heard_[s] = clock::now();
     if (h.flags & beat_leaving) gone_[s] = true;
+    // A rank counted failed here may come back (it was frozen): its reports are not believed,
+    // or a stale rank that lost its peers would fail the ranks that went on without it.
+    if (failed_->contains(static_cast<int>(h.sender))) return;
+    std::vector<int> listed;
     for (std::uint32_t i = 0; i < h.failed; ++i) {
       std::uint32_t r = 0;
       std::memcpy(&r, d.data() + sizeof h + 4 * i, 4);
       if (r >= static_cast<std::uint32_t>(size_)) continue;
       const int failed = static_cast<int>(r);
+      listed.push_back(failed);
       const std::string why = failed == rank_
                                   ? "rank " + std::to_string(h.sender) + " gave up on this rank"
                                   : "reported by rank " + std::to_string(h.sender);
       if (failed_->add(failed, why)) fresh_ = true;
+    }
+    if (ext_bytes != 0) {
+      beat_shrink_ext ext;
+      std::memcpy(&ext, d.data() + sizeof h + 4 * std::size_t{h.failed}, sizeof ext);
+      std::sort(listed.begin(), listed.end());
+      listed.erase(std::unique(listed.begin(), listed.end()), listed.end());
+      heard_shrink_[s] = {ext.key, static_cast<std::uint16_t>(ext.store_port), std::move(listed)};
     }
   }
 
@@ -281,6 +422,8 @@ class heartbeat {
       last_turn = now;
       if (now >= next_beat) {
         send_beats(0, watched_);
+        // A shrink's members that this rank does not watch need its latest datagram too.
+        if (shrinking_.load(std::memory_order_acquire)) send_beats(0, shrink_peers());
         next_beat = now + opts_.period;
       }
       check(now);
@@ -336,11 +479,22 @@ class heartbeat {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> seq_{0};
-  std::mutex recv_m_;  // guards what receive() writes: heard_, last_seq_, gone_
+  std::mutex recv_m_;  // guards what receive() writes: heard_, last_seq_, gone_, heard_shrink_
   std::vector<clock::time_point> heard_;
   std::vector<std::uint64_t> last_seq_;
   std::vector<bool> gone_;
   std::atomic<bool> fresh_{false};  // a datagram taught us a failure to pass on
+  // The shrink this rank takes part in (contract 5) and what each peer said of its own.
+  struct shrink_heard {
+    std::uint64_t key = 0;
+    std::uint16_t port = 0;
+    std::vector<int> failed;  // every failed rank the datagram listed, ascending
+  };
+  mutable std::mutex shrink_m_;  // guards shrink_, shrink_to_
+  std::atomic<bool> shrinking_{false};
+  beat_shrink_ext shrink_;
+  std::vector<int> shrink_to_;
+  std::vector<shrink_heard> heard_shrink_;  // guarded by recv_m_
 };
 
 }  // namespace detail

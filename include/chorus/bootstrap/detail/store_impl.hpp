@@ -314,7 +314,16 @@ struct tcp_store::state {
 };
 
 inline tcp_store tcp_store::connect(const launch_info& info, store_options options) {
+  return connect(info, std::move(options), nullptr);
+}
+
+inline tcp_store tcp_store::connect(const launch_info& info, store_options options,
+                                    std::unique_ptr<detail::store_server> server) {
   using namespace detail;
+  if (server && info.rank != 0) {
+    throw error(errc::invalid_argument, "tcp_store::connect: only rank 0 hosts the store", {}, std::nullopt,
+                "connect");
+  }
   if (info.size < 1 || info.rank < 0 || info.rank >= info.size) {
     throw error(errc::invalid_argument,
                 "tcp_store::connect: rank " + std::to_string(info.rank) + " is not in [0, " +
@@ -333,7 +342,12 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
   auto s = std::make_unique<state>(std::move(options));
   s->info = info;
   s->address = store_host_port(info.master_addr, info.master_port);
-  if (info.rank == 0) {
+  if (server) {
+    s->server = std::move(server);
+    s->info.master_port = s->server->port();
+    s->address = s->server->address();
+    s->server->start();
+  } else if (info.rank == 0) {
     s->server = std::make_unique<store_server>(info.master_addr,
                                                info.size == 1 ? std::uint16_t{0} : info.master_port,
                                                info.size, s->options.timeout,

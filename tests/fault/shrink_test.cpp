@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+// Recovery: after a rank dies, the survivors shrink() to a communicator of their own, agree
+// on who failed, and compute bit-exact results on it; a rank the others gave up on is told
+// so. The shrink times are printed (MESSAGE), never asserted.
+#include <signal.h>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/shared_counters.hpp"
+#include "fault/fault_support.hpp"
+#include "support/multirank.hpp"
+
+namespace {
+
+using namespace chorus;
+using test::run_ranks;
+using test::shared_counters;
+using test::micros_since;
+using test::quick_heartbeat;
+using test::steady;
+
+/// Runs all_reduces until one fails (a peer died); true when one did.
+bool reduce_until_error(communicator& comm, std::size_t count) {
+  std::vector<float> v(count, 1.0f);
+  for (;;) {
+    try {
+      comm.all_reduce(std::span(v));
+    } catch (const error&) {
+      return true;
+    }
+  }
+}
+
+/// A value every rank computes alike: FNV-1a of the bytes.
+std::uint64_t digest(std::span<const std::byte> b) {
+  std::uint64_t h = 0xcbf29ce484222325;
+  for (std::byte x : b) h = (h ^ static_cast<std::uint8_t>(x)) * 0x100000001b3;
+  return h;
+}
+
+/// Checks `comm` (the survivors, `old_ranks[r]` being rank r's rank before) computes exact
+/// results: integer sums, integer-valued float sums, an all_gather of the old ranks, and
+/// a float sum of arbitrary values that must come out bit-identical on every rank.
+void check_exact(communicator& comm, const std::vector<int>& old_ranks) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const std::size_t count = 100003;  // a prime: chunks of unequal sizes
+  std::vector<std::int64_t> ints(count);
+  std::vector<float> floats(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    ints[i] = static_cast<std::int64_t>(i) * (old_ranks[static_cast<std::size_t>(me)] + 1);
+    floats[i] = static_cast<float>((i % 1000) + static_cast<std::size_t>(me));
+  }
+  comm.all_reduce(std::span(ints));
+  comm.all_reduce(std::span(floats));
+  std::int64_t weight = 0;
+  for (int r : old_ranks) weight += r + 1;
+  bool ok = true;
+  for (std::size_t i = 0; i < count; ++i) {
+    ok &= ints[i] == static_cast<std::int64_t>(i) * weight;
+    ok &= floats[i] == static_cast<float>(n * static_cast<int>(i % 1000) + n * (n - 1) / 2);
+  }
+  RANK_CHECK(ok);
+
+  const std::int32_t mine = old_ranks[static_cast<std::size_t>(me)];
+  std::vector<std::int32_t> all(static_cast<std::size_t>(n));
+  comm.all_gather(std::span<const std::int32_t>(&mine, 1), std::span(all));
+  RANK_CHECK(std::equal(all.begin(), all.end(), old_ranks.begin(), old_ranks.end()));
+
+  // Arbitrary values: rounding depends on the order of the additions, which the schedule
+  // fixes; every rank must hold the same bits.
+  std::mt19937 rng(static_cast<unsigned>(mine) * 7919u + 1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> noise(65536);
+  for (float& x : noise) x = u(rng);
+  comm.all_reduce(std::span(noise));
+  const std::uint64_t d = digest(std::as_bytes(std::span(noise)));
+  std::vector<std::uint64_t> ds(static_cast<std::size_t>(n));
+  comm.all_gather(std::span<const std::uint64_t>(&d, 1), std::span(ds));
+  RANK_CHECK(std::all_of(ds.begin(), ds.end(), [&](std::uint64_t x) { return x == d; }));
+}
+
+/// The old ranks of the survivors, given who died, in order.
+std::vector<int> survivors(int n, const std::vector<int>& dead) {
+  std::vector<int> out;
+  for (int r = 0; r < n; ++r) {
+    if (std::find(dead.begin(), dead.end(), r) == dead.end()) out.push_back(r);
+  }
+  return out;
+}
+
+TEST_CASE("a rank of 8 SIGKILLed mid-run: the 7 survivors shrink, agree on it, and compute exactly") {
+  std::mt19937 rng(std::random_device{}());
+  // Rank 0 hosts the store: its death must not matter. The others are random.
+  const int trials = 3;
+  double worst_shrink_ms = 0;
+  double worst_total_ms = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const int victim = trial == 0 ? 0 : static_cast<int>(rng() % 8);
+    const int delay_us = static_cast<int>(rng() % 100000);
+    CAPTURE(trial);
+    CAPTURE(victim);
+    const auto base = steady::now();
+    shared_counters at(17);  // [r]: shrink() returned on rank r; [8 + r]: its call; [16]: the kill
+    test::run_options o;
+    o.env = quick_heartbeat;
+    o.expect_killed = {victim};
+    run_ranks(
+        8,
+        [&](communicator& comm) {
+          if (comm.rank() == victim) {
+            std::thread([&] {
+              std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+              at[16] = micros_since(base);
+              ::raise(SIGKILL);
+            }).detach();
+            reduce_until_error(comm, 1 << 14);
+            std::this_thread::sleep_for(std::chrono::seconds(10));  // until the kill lands
+            return;
+          }
+          RANK_CHECK(reduce_until_error(comm, 1 << 14));
+          const int old_rank = comm.rank();
+          at[8 + static_cast<std::size_t>(old_rank)] = micros_since(base);
+          communicator next = comm.shrink();
+          at[static_cast<std::size_t>(old_rank)] = micros_since(base);
+          RANK_CHECK(next.size() == 7);
+          RANK_CHECK(next.rank() == old_rank - (old_rank > victim ? 1 : 0));
+          const auto failed = comm.failed_ranks();
+          RANK_CHECK(failed.size() == 1 && failed.count(victim) == 1);
+          RANK_CHECK(next.failed_ranks().empty());
+          check_exact(next, survivors(8, {victim}));
+        },
+        o);
+    for (int r = 0; r < 8; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      if (r == victim || at[ur] == 0) continue;
+      worst_shrink_ms = std::max(worst_shrink_ms, (at[ur] - at[8 + ur]) / 1000.0);
+      worst_total_ms = std::max(worst_total_ms, (at[ur] - at[16]) / 1000.0);
+    }
+  }
+  MESSAGE("8 ranks, 1 SIGKILLed: slowest shrink() " << worst_shrink_ms << " ms; kill to the last new communicator "
+                                                    << worst_total_ms << " ms (" << trials << " trials)");
+}
+
+TEST_CASE("two failures one after the other: shrink twice, the second time without the store's host") {
+  test::run_options o;
+  o.env = quick_heartbeat;
+  o.expect_killed = {0, 5};
+  run_ranks(
+      6,
+      [&](communicator& comm) {
+        const int first = comm.rank();
+        if (first == 5) ::raise(SIGKILL);
+        RANK_CHECK(reduce_until_error(comm, 1024));
+        communicator second = comm.shrink();  // ranks 0..4; rank 0 hosts its store
+        RANK_CHECK(second.size() == 5 && second.rank() == first);
+        check_exact(second, survivors(6, {5}));
+        if (second.rank() == 0) ::raise(SIGKILL);
+        RANK_CHECK(reduce_until_error(second, 1024));
+        communicator third = second.shrink();  // old ranks 1..4
+        RANK_CHECK(third.size() == 4 && third.rank() == first - 1);
+        RANK_CHECK(second.failed_ranks().count(0) == 1);
+        check_exact(third, survivors(6, {0, 5}));
+      },
+      o);
+}
+
+TEST_CASE("shrink() with nobody failed keeps every rank, in order") {
+  run_ranks(4, [](communicator& comm) {
+    communicator next = comm.shrink();
+    RANK_CHECK(next.size() == 4 && next.rank() == comm.rank());
+    // The old communicator was aborted: its calls fail now.
+    std::vector<int> v(4, 1);
+    RANK_CHECK_THROWS_CODE(comm.all_reduce(std::span(v)), errc::aborted);
+    check_exact(next, {0, 1, 2, 3});
+  });
+}
+
+TEST_CASE("a rank the others gave up on (frozen past the timeout) is told so by shrink()") {
+  test::run_options o;
+  o.env = quick_heartbeat;
+  run_ranks(
+      4,
+      [&](communicator& comm) {
+        if (comm.rank() == 2) {
+          // Frozen by a peer's SIGSTOP for twice the heartbeat timeout, then resumed.
+          const pid_t self = ::getpid();
+          if (::fork() == 0) {
+            ::kill(self, SIGSTOP);
+            std::this_thread::sleep_for(std::chrono::seconds(2));
+            ::kill(self, SIGCONT);
+            ::_exit(0);
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));  // stopped in here
+          reduce_until_error(comm, 256);
+          RANK_CHECK_THROWS_CODE((void)comm.shrink(), errc::peer_failed);
+          return;
+        }
+        RANK_CHECK(reduce_until_error(comm, 256));
+        communicator next = comm.shrink();
+        RANK_CHECK(next.size() == 3);
+        check_exact(next, survivors(4, {2}));
+      },
+      o);
+}
+
+TEST_CASE("shrink() of a split() group: its survivors only") {
+  test::run_options o;
+  o.env = quick_heartbeat;
+  o.expect_killed = {3};
+  run_ranks(
+      6,
+      [&](communicator& comm) {
+        // Two groups of three, ranked in reverse: {5, 3, 1} (3 dies) and {4, 2, 0}.
+        auto group = comm.split(comm.rank() % 2, -comm.rank());
+        REQUIRE(group);
+        if (comm.rank() == 3) ::raise(SIGKILL);
+        if (comm.rank() % 2 == 0) {
+          check_exact(*group, {4, 2, 0});  // the other group is untouched
+          return;
+        }
+        RANK_CHECK(reduce_until_error(*group, 256));
+        communicator next = group->shrink();  // {5, 1}: 5 hosts
+        RANK_CHECK(next.size() == 2 && next.rank() == (comm.rank() == 5 ? 0 : 1));
+        check_exact(next, {5, 1});
+      },
+      o);
+}
+
+}  // namespace
