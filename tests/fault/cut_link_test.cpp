@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// A node cut off the network mid-run (iptables DROP or REJECT in its namespace, or its link
-// set down): every rank's all_reduce must fail naming ranks across the cut, none may hang.
+// A node cut off the network mid-run (iptables DROP or REJECT in its namespace, its link set
+// down, or throttled to nearly nothing by tc tbf): every rank's all_reduce must fail naming
+// ranks across the cut, none may hang.
 // Runs cut_rank under chorus-run --nodes 2 -n 2; needs root, iproute2 and iptables.
 #include <doctest/doctest.h>
 
@@ -25,9 +26,9 @@ struct outcome {
 };
 
 /// Ranks 0 and 1 are node 0, ranks 2 and 3 node 1 (the one cut off).
-outcome cut(const std::string& mode) {
+outcome cut(const std::string& mode, int op_timeout_s = 60) {
   const auto r = run_shell(with_sbin + "CHORUS_HEARTBEAT_PERIOD=0.1 CHORUS_HEARTBEAT_TIMEOUT=1 " +
-                           "CHORUS_TIMEOUT=60 " + chorus_run() + " --nodes 2 -n 2 --timeout 60 '" +
+                           "CHORUS_TIMEOUT=" + std::to_string(op_timeout_s) + " " + chorus_run() + " --nodes 2 -n 2 --timeout 60 '" +
                            CUT_RANK_PATH + "' " + mode);
   INFO(r.out << r.err);
   CHECK(r.exit_code == 0);
@@ -65,7 +66,7 @@ TEST_CASE("a node cut off by iptables DROP or REJECT: every rank fails naming ra
     const auto o = cut(mode);
     CHECK(o.ranks_failed == 4);
     CHECK(o.named_across == 4);
-    MESSAGE("iptables " << mode << ": slowest rank's error " << o.slowest_ms
+    MESSAGE("iptables " << std::string(mode) << ": slowest rank's error " << o.slowest_ms
                         << " ms after the cut (heartbeat timeout 1000 ms)");
   }
 }
@@ -76,4 +77,14 @@ TEST_CASE("a node whose link goes down: every rank fails, none hangs") {
   CHECK(o.ranks_failed == 4);
   CHECK(o.named_across >= 2);  // node 0's ranks name node 1's; node 1 may lose its own address
   MESSAGE("ip link set down: slowest rank's error " << o.slowest_ms << " ms after the cut");
+}
+
+TEST_CASE("a node whose link tc tbf throttles to 8 kbit/s: every rank fails, none hangs") {
+  if (skip_without_netns()) return;
+  // Some datagrams still pass, so a rank may see its peers alive until the op timeout (10 s
+  // here): either error is right, a hang is not.
+  const auto o = cut("tbf", 10);
+  CHECK(o.ranks_failed == 4);
+  CHECK(o.named_across >= 2);
+  MESSAGE("tc tbf 8 kbit/s: slowest rank's error " << o.slowest_ms << " ms after the throttle");
 }

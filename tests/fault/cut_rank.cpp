@@ -5,6 +5,8 @@
 //   drop    iptables DROP of everything in and out of the node's interface (a blackhole)
 //   reject  iptables REJECT of the same (TCP resets, ICMP port unreachable)
 //   down    ip link set dev IFACE down
+//   tbf     tc tbf on the interface at 8 kbit/s with a 3 KB queue: the link is up, but the
+//           node's data and heartbeats mostly drop
 // Each rank prints one line: "rank R: CODE ranks A,B after T ms: MESSAGE", T counted from
 // the cut (CLOCK_MONOTONIC is shared by every namespace), and exits 0 when it got an error.
 //
@@ -36,13 +38,13 @@ int shell(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: cut_rank drop|reject|down [CUT_AFTER]\n");
+    std::fprintf(stderr, "usage: cut_rank drop|reject|down|tbf [CUT_AFTER]\n");
     return 2;
   }
   const std::string mode = argv[1];
   const int cut_after = argc > 2 ? std::atoi(argv[2]) : 20;
   const char* ifname = std::getenv("CHORUS_SOCKET_IFNAME");
-  if (ifname == nullptr || (mode != "drop" && mode != "reject" && mode != "down")) {
+  if (ifname == nullptr || (mode != "drop" && mode != "reject" && mode != "down" && mode != "tbf")) {
     std::fprintf(stderr, "cut_rank: needs CHORUS_SOCKET_IFNAME (chorus-run --nodes) and a mode\n");
     return 2;
   }
@@ -61,6 +63,8 @@ int main(int argc, char** argv) {
           const std::string target = mode == "drop" ? "DROP" : "REJECT";
           rc |= shell("iptables -I INPUT -i " + dev + " -j " + target);
           rc |= shell("iptables -I OUTPUT -o " + dev + " -j " + target);
+        } else if (mode == "tbf") {
+          rc |= shell("tc qdisc replace dev " + dev + " root tbf rate 8kbit burst 1600 limit 3000");
         } else {
           rc |= shell("ip link set dev " + dev + " down");
         }

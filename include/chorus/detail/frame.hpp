@@ -38,6 +38,15 @@ inline constexpr std::uint32_t frame_magic = 0x31524843;  // "CHR1"
 inline constexpr std::uint8_t frame_abort = 0xff;
 /// `root` of a collective that has none.
 inline constexpr std::uint32_t no_root = 0xffffffffu;
+/// Whether receivers compare the fingerprint of every frame with their own call: always,
+/// except in bench/perf's *_unchecked binaries, which measure what mismatch detection costs
+/// (bench/mismatch/run) and must never be used otherwise.
+#ifdef CHORUS_BENCH_UNCHECKED_FINGERPRINTS
+inline constexpr bool check_fingerprints = false;
+#else
+inline constexpr bool check_fingerprints = true;
+#endif
+
 /// Largest payload of one frame. Larger lengths on the wire are rejected before any use.
 inline constexpr std::uint32_t max_frame_payload = 64u << 20;
 
@@ -113,7 +122,7 @@ inline error mismatch_error(int self, const frame_header& mine, int peer, const 
 class call_history {
  public:
   void record(const op_fingerprint& f) {
-    if (f.kind == collective::send_recv) return;  // numbered per pair, not per communicator
+    if (!check_fingerprints || f.kind == collective::send_recv) return;  // numbered per pair, not per communicator
     calls_[f.op_seq % calls_.size()] = make_header(f, 0, 0, 0);
   }
   /// This rank's call numbered `op_seq`, if it is among the last few.
@@ -178,7 +187,7 @@ inline void check_header(const frame_header& got, const frame_header& want, int 
                     }(),
                 {peer}, std::nullopt, "recv");  // the executor adds the running operation
   }
-  if (got.op_seq != want.op_seq || !same_call(got, want)) {
+  if (check_fingerprints && (got.op_seq != want.op_seq || !same_call(got, want))) {
     const auto kind = static_cast<collective>(want.kind);
     const frame_header* then = earlier != nullptr && got.op_seq < want.op_seq && kind != collective::send_recv &&
                                        static_cast<collective>(got.kind) != collective::send_recv
