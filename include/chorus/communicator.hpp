@@ -335,6 +335,21 @@ class communicator {
   ///   }
   communicator shrink();
 
+  /// The other way (MPI_Comm_connect/accept for a whole job): every rank of this
+  /// communicator calls grow(joiners, host, port) and gets a communicator of size() +
+  /// `joiners` ranks, keeping its rank; the joiners are new processes started with the
+  /// launcher environment of ranks size() .. size() + joiners - 1 of that many
+  /// (CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_MASTER_ADDR = host, CHORUS_MASTER_PORT = port,
+  /// the job's CHORUS_SECRET) and call from_env() as any rank does. Rank 0 hosts their store
+  /// at host:port (an address of its own, a free port). This communicator is untouched.
+  /// Errors: errc::invalid_argument for a negative count or port 0; errc::timeout naming
+  /// the ranks that did not come within CHORUS_BOOTSTRAP_TIMEOUT.
+  ///
+  /// **Example** (after a shrink, one replacement; the launcher starts it with rank 3 of 4):
+  ///   comm = comm.shrink();                            // 3 ranks
+  ///   comm = comm.grow(1, "10.0.0.1", 29600);          // 4 ranks; the joiner is rank 3
+  communicator grow(int joiners, const std::string& host, std::uint16_t port);
+
   // --- sub-communicators ------------------------------------------------------------------
 
   /// Splits this communicator as MPI_Comm_split does: every rank calls it; ranks passing the

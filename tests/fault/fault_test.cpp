@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -257,7 +259,30 @@ TEST_CASE("abort() on an idle communicator: later calls fail, the peers' too") {
   });
 }
 
-TEST_CASE("a communicator destroyed after a failure leaves no thread or descriptor behind") {
+/// This process's mappings of chorus shared-memory segments (/proc/self/maps lines naming
+/// /dev/shm/chorus-*; unlinked segments still show there, marked "(deleted)").
+int shm_mappings() {
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return -1;
+  int n = 0;
+  char line[4096];
+  while (std::fgets(line, sizeof line, f) != nullptr) n += std::strstr(line, "/dev/shm/chorus-") != nullptr;
+  std::fclose(f);
+  return n;
+}
+
+/// The chorus segments in /dev/shm (a name stays only while its members are mapping it).
+int shm_segments() {
+  int n = 0;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (const dirent* e = ::readdir(d)) n += std::strncmp(e->d_name, "chorus-", 7) == 0;
+    ::closedir(d);
+  }
+  return n;
+}
+
+TEST_CASE("a communicator destroyed after a failure leaves no thread, descriptor or shared memory behind") {
+  const int segments = shm_segments();
   test::run_options o;
   o.env = quick_heartbeat;
   o.expect_killed = {3};
@@ -271,6 +296,7 @@ TEST_CASE("a communicator destroyed after a failure leaves no thread or descript
           auto comm = communicator::from_env<auto_transport>();
           std::vector<float> v(1 << 12, 1.0f);
           comm.all_reduce(std::span(v));
+          if (comm.transport_name() != "tcp") RANK_CHECK(shm_mappings() > 0);  // so the count below means something
           if (comm.rank() == 3) ::raise(SIGKILL);
           RANK_CHECK(reduce_until_error(comm, 1 << 30).has_value());
         }
@@ -281,10 +307,12 @@ TEST_CASE("a communicator destroyed after a failure leaves no thread or descript
         }
         RANK_CHECK(count_entries("/proc/self/fd") == fds);
         RANK_CHECK(count_entries("/proc/self/task") == threads);
+        RANK_CHECK(shm_mappings() == 0);
         ++ok[0];
       },
       o);
   CHECK(ok[0] == 3);
+  CHECK(shm_segments() == segments);
 }
 
 TEST_CASE("heartbeat options: a timeout under twice the period is refused, naming both") {

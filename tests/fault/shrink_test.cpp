@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Recovery: after a rank dies, the survivors shrink() to a communicator of their own, agree
 // on who failed, and compute bit-exact results on it; a rank the others gave up on is told
-// so. The shrink times are printed (MESSAGE), never asserted.
+// so; a replacement joins the survivors with grow(). The shrink times are printed (MESSAGE),
+// never asserted.
 #include <signal.h>
 
 #include <doctest/doctest.h>
@@ -156,6 +157,7 @@ TEST_CASE("a rank of 8 SIGKILLed mid-run: the 7 survivors shrink, agree on it, a
 }
 
 TEST_CASE("two failures one after the other: shrink twice, the second time without the store's host") {
+  shared_counters checked(1);
   test::run_options o;
   o.env = quick_heartbeat;
   o.expect_killed = {0, 5};
@@ -168,6 +170,10 @@ TEST_CASE("two failures one after the other: shrink twice, the second time witho
         communicator second = comm.shrink();  // ranks 0..4; rank 0 hosts its store
         RANK_CHECK(second.size() == 5 && second.rank() == first);
         check_exact(second, survivors(6, {5}));
+        // A rank that dies right after its last call may fail that call on its peers, which
+        // may still be reading its last frames: rank 0 waits until every rank is done.
+        ++checked[0];
+        while (second.rank() == 0 && checked[0] < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (second.rank() == 0) ::raise(SIGKILL);
         RANK_CHECK(reduce_until_error(second, 1024));
         communicator third = second.shrink();  // old ranks 1..4
@@ -178,6 +184,67 @@ TEST_CASE("two failures one after the other: shrink twice, the second time witho
       o);
 }
 
+TEST_CASE("after a shrink, a replacement process joins through a new store (grow)") {
+  shared_counters shrunk(1);
+  const int grow_port = test::free_port();
+  test::run_options o;
+  o.env = quick_heartbeat;
+  o.expect_killed = {3};
+  test::run_processes(  // processes 0..3 start a job of 4; process 4 is the replacement
+      5,
+      [&](int process) {
+        if (process == 4) {
+          const auto until = steady::now() + std::chrono::seconds(30);
+          while (shrunk[0] < 3 && steady::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          RANK_CHECK(shrunk[0] == 3);
+          // What a launcher gives a replacement: rank 3 of 4 at the survivors' rendezvous.
+          ::setenv("CHORUS_RANK", "3", 1);
+          ::setenv("CHORUS_WORLD_SIZE", "4", 1);
+          ::setenv("CHORUS_LOCAL_RANK", "3", 1);
+          ::setenv("CHORUS_LOCAL_WORLD_SIZE", "4", 1);
+          ::setenv("CHORUS_MASTER_PORT", std::to_string(grow_port).c_str(), 1);
+          auto comm = communicator::from_env<auto_transport>();
+          RANK_CHECK(comm.rank() == 3 && comm.size() == 4);
+          check_exact(comm, {0, 1, 2, 4});
+          return;
+        }
+        ::setenv("CHORUS_WORLD_SIZE", "4", 1);
+        ::setenv("CHORUS_LOCAL_WORLD_SIZE", "4", 1);
+        auto comm = communicator::from_env<auto_transport>();
+        if (comm.rank() == 3) ::raise(SIGKILL);
+        RANK_CHECK(reduce_until_error(comm, 1024));
+        communicator small = comm.shrink();
+        RANK_CHECK(small.size() == 3);
+        ++shrunk[0];
+        communicator grown = small.grow(1, "127.0.0.1", static_cast<std::uint16_t>(grow_port));
+        RANK_CHECK(grown.rank() == comm.rank() && grown.size() == 4);
+        check_exact(grown, {0, 1, 2, 4});
+        // The shrunk communicator is untouched by grow().
+        check_exact(small, {0, 1, 2});
+      },
+      o);
+}
+
+TEST_CASE("a rank that leaves (its communicator destroyed, its process exiting) is left out of the shrink") {
+  shared_counters left(1);
+  test::run_options o;
+  o.env = quick_heartbeat;
+  test::run_processes(4, [&](int) {
+    auto comm = communicator::from_env<auto_transport>();
+    check_exact(comm, {0, 1, 2, 3});
+    if (comm.rank() == 3) {
+      left[0] = 1;
+      return;  // destroys the communicator, which says goodbye
+    }
+    while (left[0] == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    communicator next = comm.shrink();
+    RANK_CHECK(next.size() == 3 && next.rank() == comm.rank());
+    RANK_CHECK(comm.failed_ranks().count(3) == 1);
+    check_exact(next, {0, 1, 2});
+  }, o);
+}
+
 TEST_CASE("shrink() with nobody failed keeps every rank, in order") {
   run_ranks(4, [](communicator& comm) {
     communicator next = comm.shrink();
@@ -185,6 +252,8 @@ TEST_CASE("shrink() with nobody failed keeps every rank, in order") {
     // The old communicator was aborted: its calls fail now.
     std::vector<int> v(4, 1);
     RANK_CHECK_THROWS_CODE(comm.all_reduce(std::span(v)), errc::aborted);
+    RANK_CHECK_THROWS_CODE((void)next.grow(-1, "127.0.0.1", 29500), errc::invalid_argument);
+    RANK_CHECK_THROWS_CODE((void)next.grow(1, "127.0.0.1", 0), errc::invalid_argument);
     check_exact(next, {0, 1, 2, 3});
   });
 }

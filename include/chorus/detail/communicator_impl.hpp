@@ -737,6 +737,27 @@ inline std::optional<communicator> communicator::split(int color, int key) {
               p_->beat, std::move(job_ranks));
 }
 
+inline communicator communicator::grow(int joiners, const std::string& host, std::uint16_t port) {
+  if (joiners < 0 || port == 0) {
+    throw error(errc::invalid_argument,
+                "grow: wants a count of joiners >= 0 and a port, got " + std::to_string(joiners) + " and " +
+                    std::to_string(port),
+                {rank()}, std::nullopt, "grow");
+  }
+  impl& i = *p_;
+  store_options so;
+  so.timeout = i.opts.bootstrap_timeout;
+  so.secret = i.st->secret();
+  launch_info next = i.info;
+  next.size = size() + joiners;
+  next.master_addr = host;
+  next.master_port = port;
+  auto st = std::make_shared<tcp_store>(tcp_store::connect(next, so));
+  // The joiners make theirs with from_env(): the same path, so the same tuning (a new probe
+  // where the options say so), for every rank.
+  return make(next, st, i.factory, i.opts, st, std::make_shared<std::mutex>(), "");
+}
+
 inline communicator communicator::shrink() {
   impl& i = *p_;
   abort("shrink() was called");

@@ -123,6 +123,7 @@ inline std::vector<int> beat_peers(int rank, int n) {
 ///     first member not failed), the port of the survivors' new store. It returns when every
 ///     live member's latest datagram names the same failed members as this rank's, so all
 ///     leave with the same set; a failure found meanwhile grows the set and the round goes on.
+///     A member that said goodbye (its process ended) counts as failed.
 ///  6. The destructor says goodbye (peers stop watching a rank that ends normally), stops
 ///     and joins the thread, and closes its descriptors.
 class heartbeat {
@@ -186,6 +187,15 @@ class heartbeat {
     bool first = true;
     auto next_send = clock::now();
     for (;;) {
+      // A member that has left (its job ended, or it gave up) can confirm nothing: it failed.
+      std::vector<int> left;
+      {
+        std::lock_guard lk(recv_m_);
+        for (int m : members) {
+          if (m != rank_ && gone_[static_cast<std::size_t>(m)]) left.push_back(m);
+        }
+      }
+      for (int m : left) failed_->add(m, "left the job before the shrink");
       const auto all = failed_->snapshot();
       std::vector<int> failed, live;
       for (int m : members) (all.count(m) ? failed : live).push_back(m);
