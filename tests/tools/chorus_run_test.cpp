@@ -154,6 +154,23 @@ TEST_CASE("a rank killed by a signal is reported by name and chorus-run exits 12
   CHECK(r.err.find("chorus-run: rank 0 killed by signal SIGKILL") != std::string::npos);
 }
 
+TEST_CASE("--keep-going: a killed rank is reported and the others finish; their status is the run's") {
+  auto r = run("-n 3 --keep-going sh -c 'if [ $CHORUS_RANK = 1 ]; then kill -KILL $$; fi; sleep 0.3; echo done'");
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("chorus-run: rank 1 killed by signal SIGKILL; the other ranks go on (--keep-going)") !=
+        std::string::npos);
+  CHECK(r.out.find("[0] done") != std::string::npos);
+  CHECK(r.out.find("[2] done") != std::string::npos);
+  // A survivor that fails still fails the run, and stops the rest.
+  r = run("-n 3 --keep-going sh -c 'if [ $CHORUS_RANK = 1 ]; then kill -KILL $$; fi; "
+          "if [ $CHORUS_RANK = 2 ]; then sleep 0.3; exit 3; fi; exec sleep 100'");
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds < 5.0);
+  // Every rank killed: nothing went on.
+  r = run("-n 2 --keep-going sh -c 'kill -KILL $$'");
+  CHECK(r.exit_code == 128 + SIGKILL);
+}
+
 TEST_CASE("a rank that ignores SIGTERM is killed with SIGKILL after the grace period") {
   auto r = run("-n 2 sh -c 'if [ $CHORUS_RANK = 0 ]; then sleep 0.2; exit 1; fi; "
                "trap \"\" TERM; while :; do sleep 0.1; done'");
