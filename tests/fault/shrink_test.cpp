@@ -254,6 +254,7 @@ TEST_CASE("shrink() with nobody failed keeps every rank, in order") {
     RANK_CHECK_THROWS_CODE(comm.all_reduce(std::span(v)), errc::aborted);
     RANK_CHECK_THROWS_CODE((void)next.grow(-1, "127.0.0.1", 29500), errc::invalid_argument);
     RANK_CHECK_THROWS_CODE((void)next.grow(1, "127.0.0.1", 0), errc::invalid_argument);
+    RANK_CHECK_THROWS_CODE((void)next.grow(1, "", 29500), errc::invalid_argument);
     check_exact(next, {0, 1, 2, 3});
   });
 }

@@ -166,6 +166,10 @@ TEST_CASE("--keep-going: a killed rank is reported and the others finish; their 
           "if [ $CHORUS_RANK = 2 ]; then sleep 0.3; exit 3; fi; exec sleep 100'");
   CHECK(r.exit_code == 1);
   CHECK(r.seconds < 5.0);
+  // A crash is a failure of the program, not a lost rank.
+  r = run("-n 2 --keep-going sh -c 'if [ $CHORUS_RANK = 1 ]; then kill -SEGV $$; fi; exec sleep 100'");
+  CHECK(r.exit_code == 128 + SIGSEGV);
+  CHECK(r.seconds < 5.0);
   // Every rank killed: nothing went on.
   r = run("-n 2 --keep-going sh -c 'kill -KILL $$'");
   CHECK(r.exit_code == 128 + SIGKILL);

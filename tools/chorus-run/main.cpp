@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // chorus-run: starts N local ranks of a program with the CHORUS_* environment, prefixes their
 // output with the rank, and stops every rank as soon as one fails (unless --keep-going: for
-// programs that shrink() their communicator and go on without it). With --nodes it spreads
+// programs that shrink() their communicator and go on without a killed rank). With --nodes it spreads
 // the ranks over emulated nodes: network namespaces on a bridge, optionally rate-capped.
 //
 // Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] PROGRAM [ARGS...]
@@ -20,8 +20,9 @@
 //
 // Exit status: 0 when every rank exits 0; 1 when a rank exits non-zero; 128+sig when a rank is
 // killed by a signal (or chorus-run is interrupted by one); 124 on --timeout; 2 on bad usage or
-// when the program cannot be started. With --keep-going, ranks killed by a signal are reported
-// and do not count, so the status is 0 when every other rank exits 0 (and one at least does).
+// when the program cannot be started. With --keep-going, ranks killed by SIGKILL or SIGTERM are
+// reported and do not count, so the status is 0 when every other rank exits 0 (and one at
+// least does); a rank that crashes (SIGSEGV, SIGABRT, ...) still fails the run.
 //
 // How it works: one process per rank, each the leader of its own process group so that a
 // signal reaches the rank and everything it started. stdout and stderr come back through
@@ -98,9 +99,9 @@ constexpr std::string_view usage_text =
     "                     --nodes)\n"
     "  --timeout SECONDS  kill every rank after SECONDS and exit 124\n"
     "  --no-prefix        do not prefix output lines with \"[rank] \"\n"
-    "  --keep-going       a rank killed by a signal does not stop the others, which may go on\n"
-    "                     without it (communicator::shrink()); it is reported, and the exit\n"
-    "                     status is the other ranks'\n"
+    "  --keep-going       a rank killed by SIGKILL or SIGTERM does not stop the others, which\n"
+    "                     may go on without it (communicator::shrink()); it is reported, and\n"
+    "                     the exit status is the other ranks' (a crash still fails the run)\n"
     "  --nodes K          run the ranks on K (1..64) emulated nodes of -n M ranks each\n"
     "  --nodes M1,M2,...  run M1 ranks on node 0, M2 on node 1, ... (-n, if given, must be the\n"
     "                     sum). Each node is a network namespace joined to the others by a\n"
@@ -715,7 +716,10 @@ class launcher {
           say("rank " + std::to_string(r) + " exited with status " +
               std::to_string(WEXITSTATUS(status)));
           stop_rest(1);
-        } else if (WIFSIGNALED(status) && opt_.keep_going) {
+        } else if (WIFSIGNALED(status) && opt_.keep_going &&
+                   (WTERMSIG(status) == SIGKILL || WTERMSIG(status) == SIGTERM)) {
+          // Killed from outside (the OOM killer, a scheduler, a test): the others may go on.
+          // A crash (SIGSEGV, SIGABRT, ...) is a failure of the program, as without the option.
           ++killed_;
           say("rank " + std::to_string(r) + " killed by signal " + signal_name(WTERMSIG(status)) +
               "; the other ranks go on (--keep-going)");

@@ -738,10 +738,10 @@ inline std::optional<communicator> communicator::split(int color, int key) {
 }
 
 inline communicator communicator::grow(int joiners, const std::string& host, std::uint16_t port) {
-  if (joiners < 0 || port == 0) {
+  if (joiners < 0 || port == 0 || host.empty()) {
     throw error(errc::invalid_argument,
-                "grow: wants a count of joiners >= 0 and a port, got " + std::to_string(joiners) + " and " +
-                    std::to_string(port),
+                "grow: wants a count of joiners >= 0, a host and a port, got " + std::to_string(joiners) + ", '" +
+                    host + "' and " + std::to_string(port),
                 {rank()}, std::nullopt, "grow");
   }
   impl& i = *p_;
@@ -779,15 +779,27 @@ inline communicator communicator::shrink() {
   for (char ch : i.name() + "#" + std::to_string(i.shrinks++)) {
     key = (key ^ static_cast<std::uint8_t>(ch)) * 0x100000001b3;
   }
-  const auto plan = i.beat->agree(
-      key, i.watch.job_ranks(),
-      [&](int ranks) {
-        server = std::make_unique<detail::store_server>(i.beat->local_host(), std::uint16_t{0}, ranks,
-                                                        so.timeout, *so.secret);
-        return server->port();
-      },
-      clock::now() + i.opts.bootstrap_timeout);
   try {
+    detail::heartbeat::shrink_plan plan;
+    try {
+      plan = i.beat->agree(
+          key, i.watch.job_ranks(),
+          [&](int ranks) {
+            server = std::make_unique<detail::store_server>(i.beat->local_host(), std::uint16_t{0}, ranks,
+                                                            so.timeout, *so.secret);
+            return server->port();
+          },
+          clock::now() + i.opts.bootstrap_timeout);
+    } catch (const error& e) {
+      // The heartbeat speaks of job ranks; the caller knows this communicator's.
+      std::vector<int> ranks;
+      for (int j : e.ranks()) {
+        const auto& all = i.watch.job_ranks();
+        const auto at = std::find(all.begin(), all.end(), j);
+        ranks.push_back(at == all.end() ? j : static_cast<int>(at - all.begin()));
+      }
+      throw error(e.code(), std::string(e.what()).substr(8), ranks, e.op(), e.call());
+    }
     // The survivors in this communicator's order; the first (the store's host) is rank 0.
     std::vector<int> survivors;
     for (int r = 0; r < size(); ++r) {

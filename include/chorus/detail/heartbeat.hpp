@@ -79,10 +79,21 @@ inline constexpr std::uint16_t beat_leaving = 1;
 /// The sender takes part in a shrink: a beat_shrink_ext follows the failed ranks.
 inline constexpr std::uint16_t beat_shrink = 2;
 struct beat_shrink_ext {
-  std::uint64_t key = 0;        // which shrink (communicator and how many shrinks before)
-  std::uint32_t store_port = 0; // the survivors' new store, from its host; 0 elsewhere
-  std::uint32_t reserved = 0;
+  std::uint64_t key = 0;         // which shrink (communicator and how many shrinks before)
+  std::uint32_t digest = 0;      // of the failed members the sender proposes (shrink_digest)
+  std::uint16_t store_port = 0;  // the survivors' new store for that set, from its host
+  std::uint16_t decided = 0;     // 1: the sender has left the agreement with that set
 };
+inline constexpr std::uint16_t shrink_decided = 1;
+
+/// FNV-1a of a sorted set of ranks: what a shrink datagram says of the set it proposes.
+inline std::uint32_t shrink_digest(const std::vector<int>& ranks) {
+  std::uint32_t h = 2166136261u;
+  for (int r : ranks) {
+    for (int k = 0; k < 4; ++k) h = (h ^ ((static_cast<std::uint32_t>(r) >> (8 * k)) & 0xffu)) * 16777619u;
+  }
+  return h;
+}
 static_assert(sizeof(beat_shrink_ext) == 16);
 inline constexpr std::size_t beat_tag_bytes = 16;
 inline constexpr std::uint32_t beat_max_failed = 256;
@@ -119,10 +130,13 @@ inline std::vector<int> beat_peers(int rank, int n) {
 ///     What a rank counted failed here says of others is not believed.
 ///  5. agree() is shrink()'s agreement among a communicator's members (job ranks, in its
 ///     order): each sends every other live member datagrams carrying the shrink's key, the
-///     failed ranks it knows (which every receiver adds to its own) and, from the host (the
-///     first member not failed), the port of the survivors' new store. It returns when every
-///     live member's latest datagram names the same failed members as this rank's, so all
-///     leave with the same set; a failure found meanwhile grows the set and the round goes on.
+///     failed ranks it knows (which every receiver adds to its own), the digest of the set of
+///     failed members it proposes and, from the host (the first member not failed), the port
+///     of the survivors' new store for that set. It returns when every live member's latest
+///     datagram proposes this rank's set, and then keeps announcing that set, marked decided,
+///     until end_shrink(). A failure found meanwhile grows the set and the round goes on; a
+///     member that finds a peer decided on another set (a failure during the shrink) fails
+///     at once instead of agreeing.
 ///     A member that said goodbye (its process ended) counts as failed.
 ///  6. The destructor says goodbye (peers stop watching a rank that ends normally), stops
 ///     and joins the thread, and closes its descriptors.
@@ -183,35 +197,56 @@ class heartbeat {
   /// members that did not agree by `deadline`.
   shrink_plan agree(std::uint64_t key, const std::vector<int>& members,
                     const std::function<std::uint16_t(int ranks)>& serve, clock::time_point deadline) {
-    std::vector<int> known;  // the failed members this rank last announced
+    try {
+      return agree_or_throw(key, members, serve, deadline);
+    } catch (...) {
+      end_shrink();
+      throw;
+    }
+  }
+
+  /// Stops announcing the shrink (its communicator is made, or the shrink failed).
+  void end_shrink() noexcept {
+    shrinking_.store(false, std::memory_order_release);
+  }
+
+ private:
+  /// The failed members and the live ones (in `members`' order), from the failed set now.
+  /// A member that said goodbye (its job ended, or it gave up) confirms nothing: it failed.
+  std::pair<std::vector<int>, std::vector<int>> shrink_view(const std::vector<int>& members) {
+    std::vector<int> left;
+    {
+      std::lock_guard lk(recv_m_);
+      for (int m : members) {
+        if (m != rank_ && gone_[static_cast<std::size_t>(m)]) left.push_back(m);
+      }
+    }
+    for (int m : left) failed_->add(m, "left the job before the shrink");
+    const auto all = failed_->snapshot();
+    if (const auto me = all.find(rank_); me != all.end()) {
+      throw error(errc::peer_failed, "shrink: the other ranks count this one failed (" + me->second + ")",
+                  {rank_}, std::nullopt, "shrink");
+    }
+    std::vector<int> failed, live;
+    for (int m : members) (all.count(m) ? failed : live).push_back(m);
+    std::sort(failed.begin(), failed.end());
+    return {failed, live};
+  }
+
+  shrink_plan agree_or_throw(std::uint64_t key, const std::vector<int>& members,
+                             const std::function<std::uint16_t(int ranks)>& serve, clock::time_point deadline) {
+    std::vector<int> known;  // the failed members this rank proposes
     bool first = true;
     auto next_send = clock::now();
     for (;;) {
-      // A member that has left (its job ended, or it gave up) can confirm nothing: it failed.
-      std::vector<int> left;
-      {
-        std::lock_guard lk(recv_m_);
-        for (int m : members) {
-          if (m != rank_ && gone_[static_cast<std::size_t>(m)]) left.push_back(m);
-        }
-      }
-      for (int m : left) failed_->add(m, "left the job before the shrink");
-      const auto all = failed_->snapshot();
-      std::vector<int> failed, live;
-      for (int m : members) (all.count(m) ? failed : live).push_back(m);
-      std::sort(failed.begin(), failed.end());
-      if (all.count(rank_)) {
-        end_shrink();
-        throw error(errc::peer_failed, "shrink: the other ranks count this one failed (" + all.at(rank_) + ")",
-                    {rank_}, std::nullopt, "shrink");
-      }
+      const auto [failed, live] = shrink_view(members);
       const int host = live.front();  // this rank is live, so there is one
       const auto now = clock::now();
       if (first || failed != known) {
+        // A new proposal, and from the host a store for it (the old one is dropped).
         const std::uint16_t port = host == rank_ ? serve(static_cast<int>(live.size())) : 0;
         std::lock_guard lk(shrink_m_);
-        shrink_.key = key;
-        shrink_.store_port = port;
+        shrink_ = {key, shrink_digest(failed), port, 0};
         shrink_to_.clear();
         for (int m : live) {
           if (m != rank_) shrink_to_.push_back(m);
@@ -225,6 +260,7 @@ class heartbeat {
         send_beats(0, shrink_peers());
         next_send = now + std::chrono::milliseconds(10);
       }
+      const std::uint32_t mine = shrink_digest(known);
       std::vector<int> waiting;
       shrink_plan plan;
       {
@@ -233,26 +269,31 @@ class heartbeat {
         for (int m : live) {
           if (m == rank_) continue;
           const auto& h = heard_shrink_[static_cast<std::size_t>(m)];
-          std::vector<int> theirs;
-          for (int f : h.failed) {
-            if (std::find(members.begin(), members.end(), f) != members.end()) theirs.push_back(f);
+          if (h.key == key && h.decided && h.digest != mine) {
+            throw error(errc::peer_failed,
+                        "shrink: job rank " + std::to_string(m) +
+                            " agreed on another set of failed ranks with the others (a rank failed "
+                            "during the shrink); call shrink() again",
+                        {m}, std::nullopt, "shrink");
           }
-          if (h.key != key || theirs != failed || (m == host && h.port == 0)) waiting.push_back(m);
+          if (h.key != key || h.digest != mine || (m == host && h.port == 0)) waiting.push_back(m);
           if (m == host) plan.port = h.port;
         }
       }
-      if (waiting.empty()) {
-        if (host == rank_) {
+      // Decide only on the set known now: what arrived above may have grown it.
+      if (waiting.empty() && shrink_view(members).first == known) {
+        {
           std::lock_guard lk(shrink_m_);
-          plan.port = static_cast<std::uint16_t>(shrink_.store_port);
+          shrink_.decided = shrink_decided;
+          if (host == rank_) plan.port = shrink_.store_port;
         }
-        plan.failed = failed;
+        send_beats(0, shrink_peers());  // those still waiting learn it now, not a period later
+        plan.failed = known;
         plan.host = host;
         plan.host_addr = host == rank_ ? local_.host() : addrs_[static_cast<std::size_t>(host)].host();
         return plan;
       }
       if (now >= deadline) {
-        end_shrink();
         std::string who;
         for (int m : waiting) who += (who.empty() ? "" : ", ") + std::to_string(m);
         throw error(errc::timeout, "shrink: no agreement on the failed ranks in time: job ranks " + who +
@@ -263,12 +304,6 @@ class heartbeat {
     }
   }
 
-  /// Stops announcing the shrink (its communicator is made, or the shrink failed).
-  void end_shrink() noexcept {
-    shrinking_.store(false, std::memory_order_release);
-  }
-
- private:
   heartbeat(int rank, int size, const heartbeat_options& o, const job_secret& secret, const auth_id& job)
       : rank_(rank), size_(size), opts_(o), secret_(secret), job_(job),
         failed_(std::make_shared<failure_set>()), watched_(beat_peers(rank, size)),
@@ -325,6 +360,8 @@ class heartbeat {
 
   /// One datagram with the failed ranks known now, to each of `to`. Thread-safe.
   void send_beats(std::uint16_t flags, const std::vector<int>& to) noexcept {
+    // One sender at a time, so that a later sequence number never carries older news.
+    std::lock_guard send(send_m_);
     try {
       const auto f = failed_->snapshot();
       beat_shrink_ext ext;
@@ -398,13 +435,11 @@ class heartbeat {
     // A rank counted failed here may come back (it was frozen): its reports are not believed,
     // or a stale rank that lost its peers would fail the ranks that went on without it.
     if (failed_->contains(static_cast<int>(h.sender))) return;
-    std::vector<int> listed;
     for (std::uint32_t i = 0; i < h.failed; ++i) {
       std::uint32_t r = 0;
       std::memcpy(&r, d.data() + sizeof h + 4 * i, 4);
       if (r >= static_cast<std::uint32_t>(size_)) continue;
       const int failed = static_cast<int>(r);
-      listed.push_back(failed);
       const std::string why = failed == rank_
                                   ? "rank " + std::to_string(h.sender) + " gave up on this rank"
                                   : "reported by rank " + std::to_string(h.sender);
@@ -413,9 +448,7 @@ class heartbeat {
     if (ext_bytes != 0) {
       beat_shrink_ext ext;
       std::memcpy(&ext, d.data() + sizeof h + 4 * std::size_t{h.failed}, sizeof ext);
-      std::sort(listed.begin(), listed.end());
-      listed.erase(std::unique(listed.begin(), listed.end()), listed.end());
-      heard_shrink_[s] = {ext.key, static_cast<std::uint16_t>(ext.store_port), std::move(listed)};
+      heard_shrink_[s] = {ext.key, ext.digest, ext.store_port, ext.decided == shrink_decided};
     }
   }
 
@@ -497,9 +530,11 @@ class heartbeat {
   // The shrink this rank takes part in (contract 5) and what each peer said of its own.
   struct shrink_heard {
     std::uint64_t key = 0;
+    std::uint32_t digest = 0;
     std::uint16_t port = 0;
-    std::vector<int> failed;  // every failed rank the datagram listed, ascending
+    bool decided = false;
   };
+  std::mutex send_m_;            // serialises send_beats (the heartbeat thread, report(), agree())
   mutable std::mutex shrink_m_;  // guards shrink_, shrink_to_
   std::atomic<bool> shrinking_{false};
   beat_shrink_ext shrink_;

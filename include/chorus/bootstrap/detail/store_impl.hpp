@@ -320,9 +320,10 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
 inline tcp_store tcp_store::connect(const launch_info& info, store_options options,
                                     std::unique_ptr<detail::store_server> server) {
   using namespace detail;
-  if (server && info.rank != 0) {
-    throw error(errc::invalid_argument, "tcp_store::connect: only rank 0 hosts the store", {}, std::nullopt,
-                "connect");
+  if (server && (info.rank != 0 || server->world_size() != info.size)) {
+    throw error(errc::invalid_argument,
+                "tcp_store::connect: a server passed in must serve info.size ranks, and only rank 0 hosts it", {},
+                std::nullopt, "connect");
   }
   if (info.size < 1 || info.rank < 0 || info.rank >= info.size) {
     throw error(errc::invalid_argument,

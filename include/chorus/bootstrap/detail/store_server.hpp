@@ -151,6 +151,7 @@ class store_server {
 
   /// The port actually listened on (the ephemeral one when constructed with port 0).
   std::uint16_t port() const noexcept { return port_; }
+  int world_size() const noexcept { return world_size_; }
   const std::string& address() const noexcept { return address_; }
   /// The random id of this job that the server vouches for in every handshake.
   const auth_id& job_id() const noexcept { return job_; }
