@@ -428,6 +428,10 @@ class communicator {
                            std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
                            std::string prefix, std::shared_ptr<detail::heartbeat> beat = nullptr,
                            std::vector<int> job_ranks = {}, const cost_model* costs = nullptr);
+  /// make() for a communicator that is a job of its own on `st` (its root store, with a
+  /// lock of its own): create(), grow() and shrink(). `costs`, where given, are used unprobed.
+  static communicator own_job(const launch_info& info, std::shared_ptr<store> st, transport_factory factory,
+                              const communicator_options& opts, const cost_model* costs = nullptr);
   static void check_sizes(const char* call, std::size_t small, std::size_t big, int factor);
   std::size_t block_of(const char* call, std::size_t in, std::size_t out) const;
   void check_counts(std::size_t in, std::span<const std::size_t> send_counts, std::size_t out,
@@ -448,9 +452,7 @@ communicator communicator::create(const launch_info& info, std::shared_ptr<store
       return std::make_unique<detail::transport_model<T>>(T::connect(s, i));
     }
   };
-  auto root = st;
-  return make(info, std::move(st), std::move(factory), opts, std::move(root),
-              std::make_shared<std::mutex>(), "");
+  return own_job(info, std::move(st), std::move(factory), opts);
 }
 
 template <class T>

@@ -1,10 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the fault tests share: a quick heartbeat and times comparable across ranks.
+// What the fault tests share: a quick heartbeat, times comparable across ranks, and a loop
+// that runs until a peer's failure reaches this rank.
 #pragma once
 
+#include <chorus/chorus.hpp>
+
 #include <chrono>
+#include <cstddef>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace chorus::test {
 
@@ -18,6 +25,19 @@ inline const std::map<std::string, std::string> quick_heartbeat{{"CHORUS_HEARTBE
 /// machine's, not the process's).
 inline int micros_since(steady::time_point base) {
   return static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - base).count());
+}
+
+/// Runs all_reduces until one fails; returns its error (or nothing after `limit` calls).
+inline std::optional<error> reduce_until_error(communicator& comm, int limit, std::size_t count = 4096) {
+  std::vector<float> v(count, 1.0f);
+  for (int i = 0; i < limit; ++i) {
+    try {
+      comm.all_reduce(std::span(v));
+    } catch (const error& e) {
+      return e;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace chorus::test

@@ -32,24 +32,12 @@ using test::run_processes;
 using test::run_ranks;
 using test::shared_counters;
 using test::micros_since;
+using test::reduce_until_error;
 using test::quick_heartbeat;
 using test::steady;
 
 bool names(const error& e, int rank) {
   return std::find(e.ranks().begin(), e.ranks().end(), rank) != e.ranks().end();
-}
-
-/// Runs all_reduces until one fails; returns its error (or nothing after `limit` calls).
-std::optional<error> reduce_until_error(communicator& comm, int limit, std::size_t count = 4096) {
-  std::vector<float> v(count, 1.0f);
-  for (int i = 0; i < limit; ++i) {
-    try {
-      comm.all_reduce(std::span(v));
-    } catch (const error& e) {
-      return e;
-    }
-  }
-  return std::nullopt;
 }
 
 int trials() {

@@ -25,30 +25,12 @@
 namespace {
 
 using namespace chorus;
+using test::reduce_until_error;
 using test::run_ranks;
 using test::shared_counters;
 using test::micros_since;
 using test::quick_heartbeat;
 using test::steady;
-
-/// Runs all_reduces until one fails (a peer died); true when one did.
-bool reduce_until_error(communicator& comm, std::size_t count) {
-  std::vector<float> v(count, 1.0f);
-  for (;;) {
-    try {
-      comm.all_reduce(std::span(v));
-    } catch (const error&) {
-      return true;
-    }
-  }
-}
-
-/// A value every rank computes alike: FNV-1a of the bytes.
-std::uint64_t digest(std::span<const std::byte> b) {
-  std::uint64_t h = 0xcbf29ce484222325;
-  for (std::byte x : b) h = (h ^ static_cast<std::uint8_t>(x)) * 0x100000001b3;
-  return h;
-}
 
 /// Checks `comm` (the survivors, `old_ranks[r]` being rank r's rank before) computes exact
 /// results: integer sums, integer-valued float sums, an all_gather of the old ranks, and
@@ -86,7 +68,7 @@ void check_exact(communicator& comm, const std::vector<int>& old_ranks) {
   std::vector<float> noise(65536);
   for (float& x : noise) x = u(rng);
   comm.all_reduce(std::span(noise));
-  const std::uint64_t d = digest(std::as_bytes(std::span(noise)));
+  const std::uint64_t d = detail::fnv1a(std::as_bytes(std::span(noise)));  // the same on every rank
   std::vector<std::uint64_t> ds(static_cast<std::size_t>(n));
   comm.all_gather(std::span<const std::uint64_t>(&d, 1), std::span(ds));
   RANK_CHECK(std::all_of(ds.begin(), ds.end(), [&](std::uint64_t x) { return x == d; }));
@@ -128,11 +110,11 @@ TEST_CASE("a rank of 8 SIGKILLed mid-run: the 7 survivors shrink, agree on it, a
               at[16] = micros_since(base);
               ::raise(SIGKILL);
             }).detach();
-            reduce_until_error(comm, 1 << 14);
+            reduce_until_error(comm, 1 << 30, 1 << 14);
             std::this_thread::sleep_for(std::chrono::seconds(10));  // until the kill lands
             return;
           }
-          RANK_CHECK(reduce_until_error(comm, 1 << 14));
+          RANK_CHECK(reduce_until_error(comm, 1 << 30, 1 << 14).has_value());
           const int old_rank = comm.rank();
           at[8 + static_cast<std::size_t>(old_rank)] = micros_since(base);
           communicator next = comm.shrink();
@@ -166,7 +148,7 @@ TEST_CASE("two failures one after the other: shrink twice, the second time witho
       [&](communicator& comm) {
         const int first = comm.rank();
         if (first == 5) ::raise(SIGKILL);
-        RANK_CHECK(reduce_until_error(comm, 1024));
+        RANK_CHECK(reduce_until_error(comm, 1 << 30, 1024).has_value());
         communicator second = comm.shrink();  // ranks 0..4; rank 0 hosts its store
         RANK_CHECK(second.size() == 5 && second.rank() == first);
         check_exact(second, survivors(6, {5}));
@@ -175,7 +157,7 @@ TEST_CASE("two failures one after the other: shrink twice, the second time witho
         ++checked[0];
         while (second.rank() == 0 && checked[0] < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (second.rank() == 0) ::raise(SIGKILL);
-        RANK_CHECK(reduce_until_error(second, 1024));
+        RANK_CHECK(reduce_until_error(second, 1 << 30, 1024).has_value());
         communicator third = second.shrink();  // old ranks 1..4
         RANK_CHECK(third.size() == 4 && third.rank() == first - 1);
         RANK_CHECK(second.failed_ranks().count(0) == 1);
@@ -212,7 +194,7 @@ TEST_CASE("after a shrink, a replacement process joins through a new store (grow
         ::setenv("CHORUS_LOCAL_WORLD_SIZE", "4", 1);
         auto comm = communicator::from_env<auto_transport>();
         if (comm.rank() == 3) ::raise(SIGKILL);
-        RANK_CHECK(reduce_until_error(comm, 1024));
+        RANK_CHECK(reduce_until_error(comm, 1 << 30, 1024).has_value());
         communicator small = comm.shrink();
         RANK_CHECK(small.size() == 3);
         ++shrunk[0];
@@ -275,11 +257,11 @@ TEST_CASE("a rank the others gave up on (frozen past the timeout) is told so by 
             ::_exit(0);
           }
           std::this_thread::sleep_for(std::chrono::milliseconds(500));  // stopped in here
-          reduce_until_error(comm, 256);
+          reduce_until_error(comm, 1 << 30, 256);
           RANK_CHECK_THROWS_CODE((void)comm.shrink(), errc::peer_failed);
           return;
         }
-        RANK_CHECK(reduce_until_error(comm, 256));
+        RANK_CHECK(reduce_until_error(comm, 1 << 30, 256).has_value());
         communicator next = comm.shrink();
         RANK_CHECK(next.size() == 3);
         check_exact(next, survivors(4, {2}));
@@ -302,7 +284,7 @@ TEST_CASE("shrink() of a split() group: its survivors only") {
           check_exact(*group, {4, 2, 0});  // the other group is untouched
           return;
         }
-        RANK_CHECK(reduce_until_error(*group, 256));
+        RANK_CHECK(reduce_until_error(*group, 1 << 30, 256).has_value());
         communicator next = group->shrink();  // {5, 1}: 5 hosts
         RANK_CHECK(next.size() == 2 && next.rank() == (comm.rank() == 5 ? 0 : 1));
         check_exact(next, {5, 1});

@@ -160,6 +160,14 @@ struct communicator::impl {
     return eptr;
   }
 
+  /// How a store this communicator's ranks make (shrink(), grow()) waits and authenticates.
+  store_options new_store_options() const {
+    store_options so;
+    so.timeout = opts.bootstrap_timeout;
+    so.secret = st->secret();
+    return so;
+  }
+
   /// This communicator's name in flight records: "world", or its split prefix.
   std::string name() const {
     std::string s = prefix.empty() ? "world" : prefix;
@@ -501,8 +509,9 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
 
   // Costs: the tuning file's, else the probe's (or the job's earlier probe), else defaults.
   cost_model costs;
-  if (known_costs != nullptr) costs = *known_costs;  // shrink(): the same machines, measured
-  if (known_costs == nullptr && (file.intra || file.inter || file.reduce_s_per_byte || file.copy_s_per_byte)) {
+  if (known_costs != nullptr) {
+    costs = *known_costs;  // shrink(): the same machines, measured
+  } else if (file.intra || file.inter || file.reduce_s_per_byte || file.copy_s_per_byte) {
     if (file.intra) costs.intra = *file.intra;
     if (file.inter) costs.inter = *file.inter;
     if (file.reduce_s_per_byte) costs.reduce_s_per_byte = *file.reduce_s_per_byte;
@@ -737,6 +746,14 @@ inline std::optional<communicator> communicator::split(int color, int key) {
               p_->beat, std::move(job_ranks));
 }
 
+inline communicator communicator::own_job(const launch_info& info, std::shared_ptr<store> st,
+                                          transport_factory factory, const communicator_options& opts,
+                                          const cost_model* costs) {
+  auto root = st;
+  return make(info, std::move(st), std::move(factory), opts, std::move(root), std::make_shared<std::mutex>(), "",
+              nullptr, {}, costs);
+}
+
 inline communicator communicator::grow(int joiners, const std::string& host, std::uint16_t port) {
   if (joiners < 0 || port == 0 || host.empty()) {
     throw error(errc::invalid_argument,
@@ -744,41 +761,32 @@ inline communicator communicator::grow(int joiners, const std::string& host, std
                     host + "' and " + std::to_string(port),
                 {rank()}, std::nullopt, "grow");
   }
-  impl& i = *p_;
-  store_options so;
-  so.timeout = i.opts.bootstrap_timeout;
-  so.secret = i.st->secret();
-  launch_info next = i.info;
+  launch_info next = p_->info;
   next.size = size() + joiners;
   next.master_addr = host;
   next.master_port = port;
-  auto st = std::make_shared<tcp_store>(tcp_store::connect(next, so));
+  auto st = std::make_shared<tcp_store>(tcp_store::connect(next, p_->new_store_options()));
   // The joiners make theirs with from_env(): the same path, so the same tuning (a new probe
   // where the options say so), for every rank.
-  return make(next, st, i.factory, i.opts, st, std::make_shared<std::mutex>(), "");
+  return own_job(next, std::move(st), p_->factory, p_->opts);
 }
 
 inline communicator communicator::shrink() {
   impl& i = *p_;
   abort("shrink() was called");
-  store_options so;
-  so.timeout = i.opts.bootstrap_timeout;
-  so.secret = i.st->secret();
+  const store_options so = i.new_store_options();
   launch_info next = i.info;
   std::unique_ptr<detail::store_server> server;
   if (!i.beat) {
     // A job of one rank: nobody to agree with, and a store of its own.
     next.master_addr = "127.0.0.1";
     next.master_port = 0;
-    auto st = std::make_shared<tcp_store>(tcp_store::connect(next, so));
-    return make(next, st, i.factory, i.opts, st, std::make_shared<std::mutex>(), "", nullptr, {},
-                &i.tune.costs());
+    return own_job(next, std::make_shared<tcp_store>(tcp_store::connect(next, so)), i.factory, i.opts,
+                   &i.tune.costs());
   }
   // Every member names this shrink alike: this communicator and how many shrinks it had.
-  std::uint64_t key = 0xcbf29ce484222325;  // FNV-1a
-  for (char ch : i.name() + "#" + std::to_string(i.shrinks++)) {
-    key = (key ^ static_cast<std::uint8_t>(ch)) * 0x100000001b3;
-  }
+  const std::string name = i.name() + "#" + std::to_string(i.shrinks++);
+  const std::uint64_t key = detail::fnv1a(std::as_bytes(std::span(name.data(), name.size())));
   try {
     detail::heartbeat::shrink_plan plan;
     try {
@@ -820,8 +828,7 @@ inline communicator communicator::shrink() {
     next.master_port = plan.port;
     auto st = std::make_shared<tcp_store>(next.rank == 0 ? tcp_store::connect(next, so, std::move(server))
                                                          : tcp_store::connect(next, so));
-    communicator c = make(next, st, i.factory, i.opts, st, std::make_shared<std::mutex>(), "", nullptr, {},
-                          &i.tune.costs());
+    communicator c = own_job(next, std::move(st), i.factory, i.opts, &i.tune.costs());
     i.beat->end_shrink();
     return c;
   } catch (...) {

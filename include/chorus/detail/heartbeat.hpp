@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,13 +87,16 @@ struct beat_shrink_ext {
 };
 inline constexpr std::uint16_t shrink_decided = 1;
 
-/// FNV-1a of a sorted set of ranks: what a shrink datagram says of the set it proposes.
-inline std::uint32_t shrink_digest(const std::vector<int>& ranks) {
-  std::uint32_t h = 2166136261u;
-  for (int r : ranks) {
-    for (int k = 0; k < 4; ++k) h = (h ^ ((static_cast<std::uint32_t>(r) >> (8 * k)) & 0xffu)) * 16777619u;
-  }
+/// FNV-1a (64-bit) of some bytes: names a shrink, and the set of ranks a shrink proposes.
+inline std::uint64_t fnv1a(std::span<const std::byte> bytes) {
+  std::uint64_t h = 0xcbf29ce484222325;
+  for (std::byte b : bytes) h = (h ^ static_cast<std::uint8_t>(b)) * 0x100000001b3;
   return h;
+}
+
+/// What a shrink datagram says of the (sorted) set of failed ranks it proposes.
+inline std::uint32_t shrink_digest(const std::vector<int>& ranks) {
+  return static_cast<std::uint32_t>(fnv1a(std::as_bytes(std::span(ranks))));
 }
 static_assert(sizeof(beat_shrink_ext) == 16);
 inline constexpr std::size_t beat_tag_bytes = 16;
@@ -310,6 +314,14 @@ class heartbeat {
         heard_(static_cast<std::size_t>(size)), last_seq_(static_cast<std::size_t>(size), 0),
         gone_(static_cast<std::size_t>(size), false), heard_shrink_(static_cast<std::size_t>(size)) {}
 
+  /// The watched peers and `more`, each once.
+  std::vector<int> watched_and(std::vector<int> more) const {
+    more.insert(more.end(), watched_.begin(), watched_.end());
+    std::sort(more.begin(), more.end());
+    more.erase(std::unique(more.begin(), more.end()), more.end());
+    return more;
+  }
+
   /// The live members of the shrink this rank announces, besides itself.
   std::vector<int> shrink_peers() const {
     std::lock_guard lk(shrink_m_);
@@ -464,9 +476,8 @@ class heartbeat {
       }
       last_turn = now;
       if (now >= next_beat) {
-        send_beats(0, watched_);
-        // A shrink's members that this rank does not watch need its latest datagram too.
-        if (shrinking_.load(std::memory_order_acquire)) send_beats(0, shrink_peers());
+        // During a shrink, its members that this rank does not watch need its datagram too.
+        send_beats(0, shrinking_.load(std::memory_order_acquire) ? watched_and(shrink_peers()) : watched_);
         next_beat = now + opts_.period;
       }
       check(now);
