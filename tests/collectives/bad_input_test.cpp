@@ -3,12 +3,14 @@
 // algorithms, env, peers, and calls that differ across ranks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/shared_counters.hpp"
@@ -652,4 +654,48 @@ TEST_CASE("an all_to_allv whose send count to a peer differs from that peer's re
                        std::span<const std::size_t>(recv));
     }, {"count=3", "count=0"});
   }
+}
+
+TEST_CASE("the TCP connection count is agreed: the machine's pick, or CHORUS_TCP_CONNS where set") {
+  // Unset, every rank takes 4, or 1 where a node runs more ranks than cores (here: the 3
+  // ranks of this test on fewer than 3 cores).
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string picked = std::string("tcp conns ") + (3 > cores ? "1" : "4") + " ";
+  // Each job below has a store of its own, on a port of its own.
+  const std::string ports[3] = {std::to_string(test::free_port()), std::to_string(test::free_port()),
+                                std::to_string(test::free_port())};
+  run_ranks(3, [&](communicator& comm) {
+    const std::string outer_port = std::getenv("CHORUS_MASTER_PORT");
+    ::unsetenv("CHORUS_TCP_CONNS");
+    ::setenv("CHORUS_MASTER_PORT", ports[0].c_str(), 1);
+    {
+      auto c = communicator::from_env<tcp_transport>();
+      RANK_CHECK(c.describe().find(picked) != std::string::npos);
+      still_works(c);
+    }
+    ::setenv("CHORUS_TCP_CONNS", "3", 1);
+    ::setenv("CHORUS_MASTER_PORT", ports[1].c_str(), 1);
+    {
+      auto c = communicator::from_env<tcp_transport>();
+      RANK_CHECK(c.describe().find("tcp conns 3 ") != std::string::npos);
+      still_works(c);
+    }
+    // One rank set differently: every rank fails at set-up, naming the variable and both
+    // ranks, instead of waiting for connections its peer never dials.
+    if (comm.rank() == 2) ::setenv("CHORUS_TCP_CONNS", "2", 1);
+    ::setenv("CHORUS_MASTER_PORT", ports[2].c_str(), 1);
+    bool named = false;
+    try {
+      (void)communicator::from_env<tcp_transport>();
+    } catch (const error& e) {
+      const std::string what = e.what();
+      named = e.code() == errc::invalid_argument && what.find("CHORUS_TCP_CONNS") != std::string::npos &&
+              what.find("rank 0 has 3, rank 2 has 2") != std::string::npos;
+      if (!named) std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
+    }
+    RANK_CHECK(named);
+    ::unsetenv("CHORUS_TCP_CONNS");
+    ::setenv("CHORUS_MASTER_PORT", outer_port.c_str(), 1);
+    still_works(comm);
+  });
 }

@@ -103,7 +103,10 @@ job_result run_job(const std::function<void(const std::vector<pid_t>&, int)>& st
   chorus::test::run_ranks(world,
                           [&](communicator& comm) { reduce_until_told(comm, forked, shared); },
                           {.deadline = 180s,
-                           .env = {{"CHORUS_TRANSPORT", "tcp"}},
+                           // 4 connections per peer, as the attacker assumes (unset, 8 ranks
+                           // on fewer cores would take 1, and its hellos for index 3 would be
+                           // refused before any proof is checked).
+                           .env = {{"CHORUS_TRANSPORT", "tcp"}, {"CHORUS_TCP_CONNS", "4"}},
                            .stderr_path = path,
                            .started = started});
   job_result out;

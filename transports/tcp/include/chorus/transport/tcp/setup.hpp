@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <exception>
@@ -52,6 +53,42 @@ inline void tune_socket(int fd, const tcp_options& o) {
   }
 }
 
+/// Connections per peer: every rank's CHORUS_TCP_CONNS where set (all that set it must
+/// agree), else the machine's pick (see tcp_options::conns), the smallest any rank made.
+/// One store round: a pair that dialled different numbers would wait for connections never
+/// made.
+inline int agree_conns(store& st, const launch_info& info, int requested) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int mine = requested > 0 ? requested : (static_cast<unsigned>(info.local_size) > cores ? 1 : 4);
+  const std::array<std::byte, 2> entry{static_cast<std::byte>(requested > 0),
+                                       static_cast<std::byte>(mine)};
+  const auto all = st.all_gather("chorus/tcp/conns", entry);
+  int explicit_rank = -1, explicit_k = 0, k = 16;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() != entry.size() || std::to_integer<int>(all[r][1]) < 1 ||
+        std::to_integer<int>(all[r][1]) > 16) {
+      throw error(errc::protocol, "a malformed tcp connection count from rank " + std::to_string(r) +
+                                      " in the store");
+    }
+    const int v = std::to_integer<int>(all[r][1]);
+    if (all[r][0] != std::byte{0}) {
+      if (explicit_rank >= 0 && v != explicit_k) {
+        throw error(errc::invalid_argument,
+                    "CHORUS_TCP_CONNS differs across ranks: rank " + std::to_string(explicit_rank) +
+                        " has " + std::to_string(explicit_k) + ", rank " + std::to_string(r) +
+                        " has " + std::to_string(v) + " (set it the same on every rank)",
+                    {explicit_rank, static_cast<int>(r)});
+      }
+      if (explicit_rank < 0) {
+        explicit_rank = static_cast<int>(r);
+        explicit_k = v;
+      }
+    }
+    k = std::min(k, v);
+  }
+  return explicit_rank >= 0 ? explicit_k : k;
+}
+
 }  // namespace detail
 
 inline tcp_transport tcp_transport::connect(store& store, const launch_info& info,
@@ -72,8 +109,9 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
   t.rank_ = info.rank;
   t.size_ = info.size;
   t.opts_ = opts;
+  t.opts_.conns = agree_conns(store, info, opts.conns);
   const auto n = static_cast<std::size_t>(info.size);
-  const auto k = static_cast<std::size_t>(opts.conns);
+  const auto k = static_cast<std::size_t>(t.opts_.conns);
   t.conns_.resize(n * k);
   t.send_seq_.assign(n, 0);
   t.recv_seq_.assign(n, 0);
