@@ -4,11 +4,14 @@
 // diverge on, the calls each made, and the ranks that never reached it.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "support/multirank.hpp"
 
@@ -37,6 +40,21 @@ std::string fresh_dir() {
   char tmpl[] = "/tmp/chorus-flight-test-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   return tmpl;
+}
+
+std::int64_t system_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The integers that follow each `key` in `text`, in order.
+std::vector<std::int64_t> numbers_after(const std::string& text, const std::string& key) {
+  std::vector<std::int64_t> out;
+  for (auto at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+    out.push_back(std::strtoll(text.c_str() + at + key.size(), nullptr, 10));
+  }
+  return out;
 }
 
 }  // namespace
@@ -106,9 +124,19 @@ TEST_CASE("a record on request holds the last operations, oldest first, as JSON"
       2,
       [](communicator& comm) {
         std::vector<double> v(7, 1.0);
+        const std::int64_t before = system_us();
         for (int i = 0; i < 6; ++i) comm.all_reduce(std::span(v), {.op = max});
         comm.broadcast(std::span(v), 1);
         const std::string j = comm.flight_record();
+        const std::int64_t after = system_us();
+        // Every time is system-clock microseconds within the calls, in order per entry.
+        const auto q = numbers_after(j, "\"queued_us\": "), s = numbers_after(j, "\"started_us\": "),
+                   e = numbers_after(j, "\"ended_us\": ");
+        RANK_CHECK(q.size() == 4 && s.size() == 4 && e.size() == 4);
+        for (std::size_t k = 0; k < q.size() && k < s.size() && k < e.size(); ++k) {
+          RANK_CHECK(before <= q[k] && q[k] <= s[k] && s[k] <= e[k] && e[k] <= after);
+          if (k > 0) RANK_CHECK(e[k - 1] <= q[k]);
+        }
         RANK_CHECK(j.find("\"rank\": " + std::to_string(comm.rank())) != std::string::npos);
         RANK_CHECK(j.find("\"communicator\": \"world\"") != std::string::npos);
         // 4 entries kept: three all_reduces, then the broadcast, all done.

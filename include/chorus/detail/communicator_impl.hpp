@@ -127,11 +127,12 @@ struct communicator::impl {
 
   /// Runs one operation; returns its failure, if any. The first failure breaks the
   /// communicator: later operations fail with it, and the peers are told at once.
-  std::exception_ptr execute(detail::op_desc& d) noexcept {
+  /// Runs `d`; `running`: its flight record already says so (queued(d, true)).
+  std::exception_ptr execute(detail::op_desc& d, bool running = false) noexcept {
     std::exception_ptr eptr;
     std::string why;
     const std::size_t tickets = d.is_group ? d.members.size() : 1;
-    flight.started(d.flight, tickets);
+    if (!running) flight.started(d.flight, tickets);
     try {
       if (broken) fail_broken(d);
       if (watch.alarm()) {
@@ -318,11 +319,10 @@ struct communicator::impl {
   }
 
   void run(const detail::op_desc& d) {
-    const auto deadline = clock::now() + opts.timeout;
     if (!d.is_group) {
       const schedule& s = schedule_for(d);
       const executor_job j = job_for(d, s);
-      exec.run(std::span<const executor_job>(&j, 1), deadline, opts.timeout);
+      exec.run(std::span<const executor_job>(&j, 1), opts.timeout);
       finish_avg(d);
       return;
     }
@@ -334,7 +334,7 @@ struct communicator::impl {
       scheds.push_back(build(mem));
       jobs.push_back(job_for(mem, scheds.back()));
     }
-    if (!jobs.empty()) exec.run(jobs, deadline, opts.timeout);
+    if (!jobs.empty()) exec.run(jobs, opts.timeout);
     for (const auto& mem : d.members) finish_avg(mem);
   }
 
@@ -384,13 +384,13 @@ struct communicator::impl {
   /// Runs `d` now on the caller's thread when nothing is queued (blocking calls), else hands
   /// it to the worker. `lk` holds m.
   request enqueue(std::unique_lock<std::mutex>& lk, detail::op_desc d, bool async) {
-    d.flight = flight.queued(d);
     if (!async && queue.empty() && !busy) {
       // Nothing queued: run on the caller's thread, saving two thread hand-offs (~10 µs on
       // this machine, as much as a whole small all_reduce) and the request's state.
+      d.flight = flight.queued(d, true);
       busy = true;
       lk.unlock();
-      const std::exception_ptr failure = execute(d);
+      const std::exception_ptr failure = execute(d, true);
       lk.lock();
       busy = false;
       if (!queue.empty()) cv.notify_all();
@@ -398,6 +398,7 @@ struct communicator::impl {
       if (failure) std::rethrow_exception(failure);
       return request();
     }
+    d.flight = flight.queued(d);
     if (!d.state) d.state = std::make_shared<detail::op_state>();
     auto state = d.state;
     queue.push_back(std::move(d));

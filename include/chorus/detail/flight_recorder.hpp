@@ -10,11 +10,48 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 #include "chorus/detail/op_desc.hpp"
 #include "chorus/schedule/schedule.hpp"
 #include "chorus/types.hpp"
 
 namespace chorus::detail {
+
+/// The recorder's clock. Every operation is stamped up to three times, so the stamp is read
+/// raw: on x86-64 the time-stamp counter (~7 ns here, where clock_gettime takes ~16 ns and
+/// three of them were a fifth of an 8-byte all_reduce on shared memory), elsewhere
+/// steady_clock. Ticks become system-clock microseconds only when a record is written, along
+/// the line through two (ticks, system time) pairs: one taken when the recorder was made,
+/// one at that moment.
+struct flight_clock {
+  static std::uint64_t ticks() noexcept {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+  }
+  static std::int64_t system_us() noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  struct pair {
+    std::uint64_t ticks;
+    std::int64_t us;
+  };
+  static pair now() noexcept { return {ticks(), system_us()}; }
+  /// `t` (ticks, 0: never) in system microseconds, from the pairs `a` (earlier) and `b`.
+  static std::int64_t to_us(std::uint64_t t, pair a, pair b) noexcept {
+    if (t == 0) return 0;
+    if (b.ticks <= a.ticks || b.us <= a.us) return a.us;  // no measurable time between them
+    const double us_per_tick = static_cast<double>(b.us - a.us) / static_cast<double>(b.ticks - a.ticks);
+    return a.us + static_cast<std::int64_t>((static_cast<double>(t) - static_cast<double>(a.ticks)) * us_per_tick);
+  }
+};
 
 /// The last `capacity` operations of one communicator, oldest overwritten first. Thread-safe:
 /// callers record from their threads, the progress engine from its own.
@@ -27,26 +64,32 @@ namespace chorus::detail {
 /// tools/chorus-flight merges the dumps of all ranks.
 class flight_recorder {
  public:
-  explicit flight_recorder(std::size_t capacity) : ring_(std::max<std::size_t>(capacity, 1)) {}
+  explicit flight_recorder(std::size_t capacity)
+      : ring_(std::max<std::size_t>(capacity, 1)), origin_(flight_clock::now()) {}
 
-  /// Records `d` (each member of a group) as queued; returns its first ticket.
-  std::uint64_t queued(const op_desc& d) {
+  /// Records `d` (each member of a group) as queued, or as running where it starts at once
+  /// (a blocking call run on its caller's thread); returns its first ticket.
+  std::uint64_t queued(const op_desc& d, bool running = false) {
+    const std::uint64_t now = flight_clock::ticks();
+    const state st = running ? state::running : state::queued;
     std::lock_guard lk(m_);
     const std::uint64_t first = next_;
     if (d.is_group) {
-      for (const op_desc& m : d.members) add(m);
+      for (const op_desc& m : d.members) add(m, st, now);
     } else {
-      add(d);
+      add(d, st, now);
     }
     return first;
   }
   /// The operations recorded from `first` until the next `n` tickets change state.
-  void started(std::uint64_t first, std::size_t n) { mark(first, n, state::running, {}); }
+  void started(std::uint64_t first, std::size_t n) { mark(first, n, state::running, nullptr); }
   void ended(std::uint64_t first, std::size_t n, const std::string& error) {
-    mark(first, n, error.empty() ? state::done : state::failed, error);
+    mark(first, n, error.empty() ? state::done : state::failed, error.empty() ? nullptr : &error);
   }
 
   std::string json(int rank, int size, const std::string& communicator, const std::string& reason) const {
+    const flight_clock::pair now = flight_clock::now();
+    auto us = [&](std::uint64_t t) { return std::to_string(flight_clock::to_us(t, origin_, now)); };
     std::lock_guard lk(m_);
     std::string s = "{\"rank\": " + std::to_string(rank) + ", \"size\": " + std::to_string(size) +
                     ", \"communicator\": " + quote(communicator) + ", \"reason\": " + quote(reason) +
@@ -66,9 +109,8 @@ class flight_recorder {
            ", \"sending\": " + (p2p && e.sending ? "true" : "false") +
            ", \"tag\": " + std::to_string(e.tag) +
            ", \"state\": " + quote(names[static_cast<int>(e.st)]) +
-           ", \"queued_us\": " + std::to_string(e.queued_us) +
-           ", \"started_us\": " + std::to_string(e.started_us) +
-           ", \"ended_us\": " + std::to_string(e.ended_us) + ", \"error\": " + quote(e.error) + "}";
+           ", \"queued_us\": " + us(e.queued) + ", \"started_us\": " + us(e.started) +
+           ", \"ended_us\": " + us(e.ended) + ", \"error\": " + quote(e.error) + "}";
     }
     return s + "\n]}\n";
   }
@@ -87,31 +129,37 @@ class flight_recorder {
     bool sending = false;
     int tag = 0;
     state st = state::queued;
-    std::int64_t queued_us = 0, started_us = 0, ended_us = 0;
+    std::uint64_t queued = 0, started = 0, ended = 0;  // flight_clock ticks; 0: not yet
     std::string error;
   };
 
-  static std::int64_t now_us() {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-
-  void add(const op_desc& d) {  // m_ held
+  void add(const op_desc& d, state st, std::uint64_t now) {  // m_ held
     entry& e = ring_[next_++ % ring_.size()];
-    e = entry{d.seq, d.kind, d.type, d.count, d.op, d.algorithm, d.root, d.sending, d.tag,
-              state::queued, now_us(), 0, 0, {}};
+    e.seq = d.seq;
+    e.kind = d.kind;
+    e.type = d.type;
+    e.count = d.count;
+    e.op = d.op;
+    e.algorithm = d.algorithm;
+    e.root = d.root;
+    e.sending = d.sending;
+    e.tag = d.tag;
+    e.st = st;
+    e.queued = now;
+    e.started = st == state::running ? now : 0;
+    e.ended = 0;
+    e.error.clear();  // keeps its buffer: no allocation per operation
   }
 
-  void mark(std::uint64_t first, std::size_t n, state st, const std::string& error) {
+  void mark(std::uint64_t first, std::size_t n, state st, const std::string* error) {
+    const std::uint64_t now = flight_clock::ticks();
     std::lock_guard lk(m_);
-    const std::int64_t now = now_us();
     for (std::uint64_t t = first; t < first + n && t < next_; ++t) {
       if (next_ - t > ring_.size()) continue;  // overwritten since
       entry& e = ring_[t % ring_.size()];
       e.st = st;
-      (st == state::running ? e.started_us : e.ended_us) = now;
-      if (!error.empty()) e.error = error;
+      (st == state::running ? e.started : e.ended) = now;
+      if (error != nullptr) e.error = *error;
     }
   }
 
@@ -136,6 +184,7 @@ class flight_recorder {
   mutable std::mutex m_;
   std::vector<entry> ring_;
   std::uint64_t next_ = 0;
+  flight_clock::pair origin_;
 };
 
 }  // namespace chorus::detail
