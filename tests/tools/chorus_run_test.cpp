@@ -3,6 +3,7 @@
 // handling and usage errors, each by running the built binary on small shell commands.
 #include <doctest/doctest.h>
 
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
@@ -69,6 +70,29 @@ TEST_CASE("chorus-run gives every rank of a job one fresh secret, unless the use
   auto none = run_shell(std::string("env -u CHORUS_SECRET CHORUS_AUTH=none '") + CHORUS_RUN_PATH +
                         "' -n 1 sh -c 'echo \"[$CHORUS_SECRET]\"'");
   CHECK(none.out == "[0] []\n");
+}
+
+TEST_CASE("--bind pins rank r of n to CPU r*C/n of chorus-run's C, and without it ranks may run anywhere") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  std::vector<std::string> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(static_cast<std::size_t>(c), &set)) cpus.push_back(std::to_string(c));
+  }
+  const std::size_t n = 5;  // more ranks than this machine's cores, where blocks share one
+  auto r = run("-n 5 --bind sh -c 'grep Cpus_allowed_list /proc/self/status'");
+  CHECK(r.exit_code == 0);
+  auto lines = lines_of(r.out);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::string want = cpus[k * cpus.size() / n];
+    CAPTURE(k);
+    CHECK(contains(lines, "[" + std::to_string(k) + "] Cpus_allowed_list:\t" + want));
+  }
+  if (cpus.size() > 1) {
+    auto free_run = run("-n 1 sh -c 'grep Cpus_allowed_list /proc/self/status'");
+    CHECK(free_run.out.find("Cpus_allowed_list:\t" + cpus.front() + "\n") == std::string::npos);
+  }
 }
 
 TEST_CASE("--port sets CHORUS_MASTER_PORT for every rank") {

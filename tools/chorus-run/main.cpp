@@ -4,7 +4,7 @@
 // programs that shrink() their communicator and go on without a killed rank). With --nodes it spreads
 // the ranks over emulated nodes: network namespaces on a bridge, optionally rate-capped.
 //
-// Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] PROGRAM [ARGS...]
+// Usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] [--bind] PROGRAM [ARGS...]
 //        chorus-run --nodes K -n M | --nodes M1,M2,... [--link-rate RATE] [--net-stats] ...
 //
 //   $ chorus-run -n 2 sh -c 'echo hi $CHORUS_RANK'
@@ -39,6 +39,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -91,7 +92,7 @@ constexpr auto drain_grace = 1s;
 constexpr std::size_t max_line = std::size_t{1} << 20;
 
 constexpr std::string_view usage_text =
-    "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] PROGRAM [ARGS...]\n"
+    "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] [--bind] PROGRAM [ARGS...]\n"
     "       chorus-run --nodes K -n M [--link-rate RATE] [--net-stats] [...] PROGRAM [ARGS...]\n"
     "       chorus-run --nodes M1,M2,... [--link-rate RATE] [--net-stats] [...] PROGRAM [ARGS...]\n"
     "  -n N               number of ranks to start (1..1024); with --nodes K, ranks per node\n"
@@ -102,6 +103,9 @@ constexpr std::string_view usage_text =
     "  --keep-going       a rank killed by SIGKILL or SIGTERM does not stop the others, which\n"
     "                     may go on without it (communicator::shrink()); it is reported, and\n"
     "                     the exit status is the other ranks' (a crash still fails the run)\n"
+    "  --bind             pin each rank to one CPU of those chorus-run may use, in blocks: rank\n"
+    "                     r of N gets CPU r*C/N of the C, so consecutive ranks share a CPU when\n"
+    "                     ranks outnumber CPUs (placement then no longer changes between runs)\n"
     "  --nodes K          run the ranks on K (1..64) emulated nodes of -n M ranks each\n"
     "  --nodes M1,M2,...  run M1 ranks on node 0, M2 on node 1, ... (-n, if given, must be the\n"
     "                     sum). Each node is a network namespace joined to the others by a\n"
@@ -171,6 +175,7 @@ struct options {
   double timeout_s = 0.0;  // 0: none
   bool prefix = true;
   bool keep_going = false;  // --keep-going: a rank killed by a signal does not stop the rest
+  bool bind = false;        // --bind: each rank pinned to one CPU, in blocks
   std::vector<int> node_sizes;  // --nodes: ranks on each emulated node; empty: no emulation
   std::optional<std::uint64_t> link_rate_bits;  // --link-rate, in bit/s; needs --nodes
   bool net_stats = false;                       // --net-stats; needs --nodes
@@ -246,6 +251,8 @@ options parse_options(int argc, char** argv) {
     }
     if (arg == "--no-prefix") {
       opt.prefix = false;
+    } else if (arg == "--bind") {
+      opt.bind = true;
     } else if (arg == "--keep-going") {
       opt.keep_going = true;
     } else if (arg == "--net-stats") {
@@ -369,9 +376,22 @@ struct rank_place {
 
 // What a rank's child reports through the exec-status pipe when it cannot start.
 struct start_failure {
-  chorus_run::enter_step step = chorus_run::enter_step::none;  // none: exec itself failed
+  chorus_run::enter_step step = chorus_run::enter_step::none;  // none: exec (or the bind) failed
+  bool bind = false;  // sched_setaffinity failed
   int err = 0;
 };
+
+// The CPUs this process may run on, in order (what --bind deals out).
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(static_cast<std::size_t>(c), &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
 
 class launcher {
  public:
@@ -382,6 +402,10 @@ class launcher {
       for (int l = 0; l < sizes[node]; ++l) {
         places_.push_back({static_cast<int>(node), l, sizes[node]});
       }
+    }
+    if (opt_.bind) {
+      cpus_ = allowed_cpus();
+      if (cpus_.empty()) usage_error(std::string("--bind: cannot read this process's CPUs: ") + std::strerror(errno));
     }
   }
 
@@ -552,6 +576,13 @@ class launcher {
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const int netns_fd =
         network_ ? network_->namespace_fd(places_[static_cast<std::size_t>(r)].node) : -1;
+    // --bind: rank r of n on CPU r * C / n of ours (ranks of every emulated node share them).
+    cpu_set_t cpu;
+    CPU_ZERO(&cpu);
+    if (opt_.bind) {
+      const std::size_t c = cpus_.size();
+      CPU_SET(static_cast<std::size_t>(cpus_[static_cast<std::size_t>(r) * c / static_cast<std::size_t>(opt_.nranks)]), &cpu);
+    }
 
     pid_t pid = chorus_run::fork_for_exec();
     if (pid == 0) {
@@ -565,7 +596,11 @@ class launcher {
       ::dup2(err[1], STDERR_FILENO);
       start_failure failure;
       if (netns_fd >= 0) failure.step = chorus_run::enter_node_namespace(netns_fd);
-      if (failure.step == chorus_run::enter_step::none) {
+      if (failure.step == chorus_run::enter_step::none && opt_.bind &&
+          ::sched_setaffinity(0, sizeof cpu, &cpu) != 0) {
+        failure.bind = true;
+      }
+      if (failure.step == chorus_run::enter_step::none && !failure.bind) {
         ::execvpe(argv[0], argv.data(), envp.data());
       }
       failure.err = errno;
@@ -603,7 +638,10 @@ class launcher {
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
       rank.running = false;
-      if (failure.step == chorus_run::enter_step::none) {
+      if (failure.bind) {
+        say("rank " + std::to_string(r) + " cannot be bound to its CPU (sched_setaffinity): " +
+            std::strerror(failure.err));
+      } else if (failure.step == chorus_run::enter_step::none) {
         say("cannot run '" + opt_.command[0] + "': " + std::strerror(failure.err));
       } else {
         say("rank " + std::to_string(r) + " " + chorus_run::describe(failure.step) + ": " +
@@ -848,6 +886,7 @@ class launcher {
 
   options opt_;
   std::vector<rank_place> places_;  // by rank
+  std::vector<int> cpus_;            // --bind: the CPUs we may use, dealt out in blocks
   std::optional<chorus_run::emulated_network> network_;  // with --nodes, while it exists
   int port_ = 0;
   std::string secret_;  // the job's CHORUS_SECRET when we made it; never printed

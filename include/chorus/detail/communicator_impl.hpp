@@ -127,7 +127,7 @@ struct communicator::impl {
 
   /// Runs one operation; returns its failure, if any. The first failure breaks the
   /// communicator: later operations fail with it, and the peers are told at once.
-  /// Runs `d`; `running`: its flight record already says so (queued(d, true)).
+  /// `running`: d's flight record already says it runs (queued(d, true)).
   std::exception_ptr execute(detail::op_desc& d, bool running = false) noexcept {
     std::exception_ptr eptr;
     std::string why;
