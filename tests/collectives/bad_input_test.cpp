@@ -467,8 +467,9 @@ namespace {
 
 /// Runs `call` on every rank, where some ranks' arguments differ from the others'. Each rank
 /// either fails the call itself (mismatch where it compared, remote_error or connection_lost
-/// where a peer told it or left), or finishes it (it only sent, or its tree never read from
-/// the disagreeing rank) and then fails its next all_reduce. Where `in_call` is false, the
+/// where a peer told it or left, peer_failed where the heartbeat said a peer failed), or
+/// finishes it (it only sent, or its tree never read from the disagreeing rank) and then
+/// fails its next all_reduce. Where `in_call` is false, the
 /// first failure may come only in that all_reduce, and it may still succeed on ranks that do
 /// not read the leftover frames, the failing rank having sent its share before it read one;
 /// then the all_reduce after it fails, for the failed rank contributes nothing to it. So
@@ -482,7 +483,9 @@ void expect_mismatch_naming(int n, const std::function<void(communicator&)>& cal
   // Per rank: 1 + the errc of the call (0: it finished), 1 if it said mismatch naming both,
   // and 1 + the errc of the next calls where the first finished.
   test::shared_counters board(3 * static_cast<std::size_t>(n));
-  auto allowed = [](errc c) { return c == errc::mismatch || c == errc::remote_error || c == errc::connection_lost; };
+  auto allowed = [](errc c) {
+    return c == errc::mismatch || c == errc::remote_error || c == errc::connection_lost || c == errc::peer_failed;
+  };
   std::map<std::string, std::string> e = env;
   e.emplace("CHORUS_TIMEOUT", "10");
   auto names_both = [&](const error& err) {
