@@ -114,6 +114,11 @@ struct scatter_options {
 /// them; the tag must agree too (a different tag is errc::mismatch naming both).
 struct p2p_options {
   int tag = 0;  ///< in [0, 2^31)
+  /// Sends only: where the transport can (shared memory, CHORUS_SHM_SINGLE_COPY), the
+  /// receiver reads a message of 64 KiB or more straight out of this buffer, one copy instead
+  /// of two, and the send completes only once it has (as MPI_Ssend). Off by default, so that
+  /// a send completes as soon as its bytes are in the transport's buffers.
+  bool single_copy = false;
 };
 
 namespace detail {

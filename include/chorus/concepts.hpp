@@ -28,6 +28,12 @@ struct transfer {
   /// release(peer, this), in posting order per peer. Saves a copy of every reduced slice
   /// on shared memory, where copies are the whole cost.
   bool lent = false;
+  /// send only, set by the executor: nothing writes `data` until `done`, and nothing waits
+  /// for this send to finish before the receiver has taken it, so the transport may let the
+  /// receiver read the payload straight out of our memory (shared memory with cross-memory
+  /// attach: one copy instead of two) and set `done` only once it has. Set for the steps of
+  /// direct schedules, which send each byte once and forward nothing they receive.
+  bool exposable = false;
 };
 
 using clock = std::chrono::steady_clock;
@@ -51,12 +57,18 @@ using clock = std::chrono::steady_clock;
 ///    rank failed, and in which call (`call` as its frames carry it; null outside one), so
 ///    their pending operations fail at once instead of at their timeouts. A peer's abort
 ///    becomes detail::peer_failed's error.
-/// 7. Optionally, `release(peer, t)` takes back memory lent to a receive (`transfer::lent`);
+/// 7. A send marked `exposable` may complete only when the peer has read it; the peer's
+///    receive completes as any other (its `data` filled). A transport ignores the mark where
+///    it cannot do better than copying.
+/// 8. Optionally, `release(peer, t)` takes back memory lent to a receive (`transfer::lent`);
 ///    a transport without it never lends. Optionally, `max_slice_bytes()` caps the slices
 ///    the executor cuts (a shared-memory ring must hold several at once). Optionally,
 ///    `remember(calls)` is given, once, the executor's record of this rank's recent calls,
 ///    against which the transport describes a frame left over from an earlier call
 ///    (check_header) and the call a failed peer names in its abort (peer_failed).
+///    Optionally, `reads_in_place()` says that every peer of this rank's node reads our
+///    exposable sends in place, so that the tuner prices them so (transports without it
+///    never do).
 template <class T>
 concept transport = requires(T& t, const T& ct, int peer, transfer* x, clock::time_point d,
                              const std::string& msg, const detail::frame_header* call) {
@@ -90,6 +102,7 @@ class any_transport {
   virtual void release(int peer, transfer* x) = 0;
   virtual std::size_t max_slice_bytes() const = 0;
   virtual void remember(const call_history* calls) = 0;
+  virtual bool reads_in_place() const = 0;
 };
 
 template <transport T>
@@ -117,6 +130,13 @@ class transport_model final : public any_transport {
   }
   void remember(const call_history* calls) override {
     if constexpr (requires { t_.remember(calls); }) t_.remember(calls);
+  }
+  bool reads_in_place() const override {
+    if constexpr (requires { t_.reads_in_place(); }) {
+      return t_.reads_in_place();
+    } else {
+      return false;
+    }
   }
 
  private:

@@ -129,6 +129,23 @@ bytes ring_frame(std::uint64_t pos, std::uint64_t slice, std::size_t length,
   return out;
 }
 
+/// A pull frame at ring position `pos`: the receiver reads `length` bytes at `address` of the
+/// sender's memory (shm_frame.cpp maps 64 KiB of it at 0x600000000000).
+bytes pull_frame(std::uint64_t pos, std::uint64_t slice, std::size_t length, std::uint64_t address) {
+  bytes out(shm_tag_bytes);
+  store_put_le(out.data(), shm_tag(pos, 0), shm_tag_bytes);
+  bytes h = frame(slice, pattern(0), shm_pull_magic);
+  store_put_le(h.data() + 4, length, 4);  // the header's length: the payload's, not the frame's
+  h.resize(sizeof(frame_header));
+  append(out, h);
+  bytes d(sizeof(shm_pull_desc));
+  store_put_le(d.data(), address, 8);
+  store_put_le(d.data() + 8, length, 8);
+  append(out, d);
+  out.resize(shm_line);
+  return out;
+}
+
 /// Records that write `b` in chunks of at most `chunk` bytes, pumping after each.
 bytes writes(const bytes& b, std::size_t chunk = 65535) {
   bytes out;
@@ -181,6 +198,14 @@ void shm_frame_seeds() {
        ring_input(0, {3000}, {writes(start), lying_head(-32768)}));
   seed("shm_frame", "bad_magic", ring_input(0, {12}, {writes(ring_frame(0, 0, 12, 0x12345678))}));
   seed("shm_frame", "mismatched_slice", ring_input(0, {12}, {writes(ring_frame(0, 1, 12))}));
+  constexpr unsigned pulls = 8;
+  constexpr std::uint64_t area = 0x600000000000;
+  seed("shm_frame", "pulled_then_copied",
+       ring_input(1 | pulls, {3000, 100}, {writes(pull_frame(0, 0, 3000, area + 100)), writes(ring_frame(64, 1, 100))}));
+  seed("shm_frame", "pulled_lendable", ring_input(pulls | lendable, {12000}, {writes(pull_frame(0, 0, 12000, area))}));
+  seed("shm_frame", "pull_past_the_area", ring_input(pulls, {3000}, {writes(pull_frame(0, 0, 3000, area + 64000))}));
+  seed("shm_frame", "pull_from_nowhere", ring_input(pulls, {3000}, {writes(pull_frame(0, 0, 3000, 4096))}));
+  seed("shm_frame", "pull_unreadable", ring_input(0, {3000}, {writes(pull_frame(0, 0, 3000, area))}));
 }
 
 // ---- store_protocol: a key count byte (count - 1), then the bytes ----

@@ -14,12 +14,20 @@
 // The receiver is pumped after every record.
 //   control bits 0-1  receives to post: 1 to 4
 //   bit 2             the receives are lendable (completed in place, in the ring)
+//   bit 3             the receiver may read the sender's memory in place (pull frames): the
+//                     sender is this process, whose "sent" memory is 64 KiB mapped at
+//                     sender_area, filled with bytes i * 7 + 3
 //
 // The ring is 4096 bytes, the smallest shm_options allows, in a heap block of its own so that
 // ASan sees a read past it; the salt is 0, so a frame's tag is its ring position + 1.
 //
 // What must hold: whatever the head says, pump() and release() stay inside the ring, complete
-// receives in order and lend only payloads that lie inside the ring, or throw chorus::error.
+// receives in order and lend only payloads that lie inside the ring, or throw chorus::error; a
+// pull frame fills no more than its receive's payload (ASan sees the payloads' ends), whatever
+// address it names.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chorus/transport/shm/channel.hpp>
 
 #include <cstddef>
@@ -35,6 +43,25 @@ namespace {
 using namespace chorus::detail;
 
 constexpr std::size_t ring_bytes = 4096;
+
+/// Where the sender's memory lies, at a fixed address so that seeds can name it (inside
+/// ASan's application range on x86-64), and its size.
+constexpr std::uintptr_t sender_area = 0x600000000000;
+constexpr std::size_t sender_bytes = 64 * 1024;
+
+/// Maps the sender area once, or says it cannot (the pull frames then read unmapped memory,
+/// which must fail cleanly too).
+bool map_sender_area() {
+  static const bool mapped = [] {
+    void* p = ::mmap(reinterpret_cast<void*>(sender_area), sender_bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != reinterpret_cast<void*>(sender_area)) return false;
+    auto* b = static_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < sender_bytes; ++i) b[i] = static_cast<unsigned char>(i * 7 + 3);
+    return true;
+  }();
+  return mapped;
+}
 
 [[noreturn]] void fail(const char* why) {
   std::fprintf(stderr, "fuzz shm_frame: %s\n", why);
@@ -60,6 +87,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const unsigned control = in.byte();
   const std::size_t receives = 1 + (control & 3u);
   const bool lendable = (control & 4u) != 0;
+  const bool pulls = (control & 8u) != 0;
+  if (pulls) (void)map_sender_area();
 
   const op_fingerprint fingerprint{7,
                                    3,
@@ -81,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::unique_ptr<std::byte[]> ring(new std::byte[ring_bytes]());
   auto ctl = std::make_unique<shm_ring_ctl>();
   auto writer = std::make_unique<shm_member>();
-  shm_receiver receiver(ctl.get(), {ring.get(), ring_bytes}, writer.get(), 0, 0, 1);
+  shm_receiver receiver(ctl.get(), {ring.get(), ring_bytes}, writer.get(), 0, 0, 1, pulls ? ::getpid() : 0);
   for (auto& x : xs) receiver.post(&x);
 
   std::deque<chorus::transfer*> lent;

@@ -913,6 +913,31 @@ TEST_CASE("direct all_to_all, gather and scatter: P-1 steps, no byte sent twice"
   }
 }
 
+TEST_CASE("direct all_reduce sends 2(P-1)/P of the buffer in 2(P-1) messages, reduce_scatter and all_gather (P-1)/P in P-1, each chunk to its owner only") {
+  for (int n = 1; n <= 64; ++n) {
+    const auto un = static_cast<std::size_t>(n);
+    const std::size_t count = un * 10;
+    for (int r : {0, n / 2, n - 1}) {
+      const schedule ar = direct_all_reduce(r, n, count);
+      const cost c = cost_of(ar);
+      CHECK(c.sent == 2 * (un - 1) * 10);
+      CHECK(c.received == 2 * (un - 1) * 10);
+      CHECK(cost_of(direct_reduce_scatter(r, n, 10)).sent == (un - 1) * 10);
+      CHECK(cost_of(direct_all_gather(r, n, 10)).sent == (un - 1) * 10);
+      // Phase 1 sends chunk q to rank q and nobody else; each peer gets one message a phase.
+      std::vector<int> messages(un, 0);
+      for (const step& st : ar.steps) {
+        if (st.send_peer < 0) continue;
+        ++messages[static_cast<std::size_t>(st.send_peer)];
+        if (st.send_from.buffer == buffer_id::input) {
+          CHECK(st.send_from == chunk_of(buffer_id::input, count, n, st.send_peer));
+        }
+      }
+      for (int q = 0; q < n; ++q) CHECK(messages[static_cast<std::size_t>(q)] == (q == r ? 0 : 2));
+    }
+  }
+}
+
 TEST_CASE("dissemination barrier takes ceil(log2 P) steps of one-element tokens") {
   for (int n = 1; n <= 128; ++n) {
     const cost c = cost_of(dissemination_barrier(n - 1, n));
@@ -926,9 +951,9 @@ TEST_CASE("dissemination barrier takes ceil(log2 P) steps of one-element tokens"
 
 TEST_CASE("algorithms_for lists every algorithm of every collective, and build_schedule builds each") {
   const std::vector<std::pair<collective, std::vector<algo>>> want{
-      {collective::all_reduce, {algo::ring, algo::recursive_doubling, algo::hierarchical, algo::tree, algo::halving_doubling}},
-      {collective::reduce_scatter, {algo::ring, algo::hierarchical, algo::halving_doubling}},
-      {collective::all_gather, {algo::ring, algo::hierarchical, algo::recursive_doubling, algo::bruck}},
+      {collective::all_reduce, {algo::ring, algo::recursive_doubling, algo::hierarchical, algo::tree, algo::halving_doubling, algo::direct}},
+      {collective::reduce_scatter, {algo::ring, algo::hierarchical, algo::halving_doubling, algo::direct}},
+      {collective::all_gather, {algo::ring, algo::hierarchical, algo::recursive_doubling, algo::bruck, algo::direct}},
       {collective::broadcast, {algo::chain, algo::binomial}},
       {collective::reduce, {algo::chain, algo::binomial}},
       {collective::all_to_all, {algo::direct}},

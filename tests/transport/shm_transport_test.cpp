@@ -3,6 +3,7 @@
 // noticed, tiny rings still carry large operations.
 #include <dirent.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chorus/transport/shm.hpp>
 
@@ -11,6 +12,8 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "support/multirank.hpp"
@@ -127,12 +130,14 @@ TEST_CASE("rings much smaller than the data carry large in-place operations exac
   }
 }
 
-TEST_CASE("CHORUS_SHM_RING_BYTES must be a power of two") {
+TEST_CASE("CHORUS_SHM_RING_BYTES must be a power of two, and CHORUS_SHM_SINGLE_COPY 0 or 1") {
   run_ranks(1, [](communicator&) {
-    ::setenv("CHORUS_SHM_RING_BYTES", "100000", 1);
-    RANK_CHECK_THROWS_CODE((void)shm_options::from_env(), errc::invalid_argument);
-    ::setenv("CHORUS_SHM_RING_BYTES", "abc", 1);
-    RANK_CHECK_THROWS_CODE((void)shm_options::from_env(), errc::invalid_argument);
+    for (const auto& [name, value] : {std::pair{"CHORUS_SHM_RING_BYTES", "100000"}, {"CHORUS_SHM_RING_BYTES", "abc"},
+                                      {"CHORUS_SHM_SINGLE_COPY", "2"}, {"CHORUS_SHM_SINGLE_COPY", "yes"}}) {
+      ::setenv(name, value, 1);
+      RANK_CHECK_THROWS_CODE((void)shm_options::from_env(), errc::invalid_argument);
+      ::unsetenv(name);
+    }
   }, {.env = shm_env});
 }
 
@@ -184,4 +189,211 @@ TEST_CASE("a ring head over a ring ahead of our tail is a protocol error, not a 
     CHECK(std::string(e.what()).find("ring from rank 1 is corrupt") != std::string::npos);
   }
   CHECK(!x.done);
+}
+
+// ---------------------------------------------------------------------------------------
+// Single copy: exposable sends read in place (process_vm_readv) by their receiver.
+
+namespace {
+
+/// One ring in this process, both ends, the sender's memory read by "pid" (ours).
+struct ring_pair {
+  std::vector<std::byte> ring = std::vector<std::byte>(4096);
+  detail::shm_ring_ctl ctl{};
+  detail::shm_member writer{}, reader{};
+  detail::shm_sender tx{&ctl, {ring.data(), ring.size()}, &reader, 0, 0, true};  // rank 1 to rank 0
+  detail::shm_receiver rx;
+  explicit ring_pair(int reader_pid) : rx(&ctl, {ring.data(), ring.size()}, &writer, 0, 0, 1, reader_pid) {}
+};
+
+transfer make_transfer(std::vector<std::byte>& data, bool exposable) {
+  transfer x;
+  x.header = detail::make_header({7, data.size(), collective::all_gather, dtype::uint8, reduce_op::sum, algo::direct}, 0, 0,
+                                 static_cast<std::uint32_t>(data.size()));
+  x.data = data.data();
+  x.length = data.size();
+  x.exposable = exposable;
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("an exposable send goes as one line and completes only once its receiver has read it in place") {
+  ring_pair r(::getpid());
+  std::vector<std::byte> sent(256 * 1024), got(sent.size());
+  for (std::size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<std::byte>(i * 7 + 3);
+  transfer out = make_transfer(sent, true);
+  transfer in = make_transfer(got, false);
+  r.tx.post(&out);
+  r.tx.flush();
+  CHECK(r.ctl.head.load() == detail::shm_line);  // the payload did not go through the ring
+  CHECK(!out.done);
+  CHECK(r.tx.busy());
+  r.rx.post(&in);
+  r.rx.pump();
+  CHECK(in.done);
+  CHECK(!in.lent);
+  CHECK(got == sent);
+  CHECK(!out.done);  // the sender learns it at its next look
+  CHECK(r.tx.room_changed());
+  r.tx.flush();
+  CHECK(out.done);
+  CHECK(!r.tx.busy());
+}
+
+TEST_CASE("small or unexposable sends, and sends to a receiver that cannot read us, go through the ring") {
+  for (const auto& [bytes, exposable, pulls] : {std::tuple{std::size_t{1000}, true, true},
+                                                 std::tuple{std::size_t{100000}, false, true},
+                                                 std::tuple{std::size_t{100000}, true, false}}) {
+    CAPTURE(bytes);
+    CAPTURE(exposable);
+    std::vector<std::byte> ring(1 << 20);
+    detail::shm_ring_ctl ctl{};
+    detail::shm_member writer{}, reader{};
+    detail::shm_sender tx(&ctl, {ring.data(), ring.size()}, &reader, 0, 1, pulls);
+    detail::shm_receiver rx(&ctl, {ring.data(), ring.size()}, &writer, 0, 1, 0, ::getpid());
+    std::vector<std::byte> sent(bytes, std::byte{42}), got(bytes);
+    transfer out = make_transfer(sent, exposable);
+    transfer in = make_transfer(got, false);
+    tx.post(&out);
+    tx.flush();
+    CHECK(out.done);  // copied into the ring: done at once
+    CHECK(ctl.head.load() > bytes);
+    rx.post(&in);
+    rx.pump();
+    CHECK(in.done);
+    CHECK(got == sent);
+  }
+}
+
+TEST_CASE("a pull frame naming memory the sender does not have is a protocol error naming the sender") {
+  ring_pair r(::getpid());
+  std::vector<std::byte> sent(128 * 1024), got(sent.size());
+  transfer out = make_transfer(sent, true);
+  transfer in = make_transfer(got, false);
+  r.tx.post(&out);
+  r.tx.flush();
+  // Point the frame's address at a page nobody maps.
+  detail::shm_pull_desc d{};
+  std::memcpy(&d, r.ring.data() + detail::shm_prefix_bytes, sizeof d);
+  d.address = 4096;
+  std::memcpy(r.ring.data() + detail::shm_prefix_bytes, &d, sizeof d);
+  r.rx.post(&in);
+  try {
+    r.rx.pump();
+    FAIL("a bad address was read");
+  } catch (const error& e) {
+    INFO(std::string(e.what()));
+    CHECK(e.code() == errc::protocol);
+    CHECK(e.ranks() == std::vector<int>{1});
+    CHECK(std::string(e.what()).find("rank 1 offered at 0x1000 in place failed") != std::string::npos);
+  }
+  CHECK(!in.done);
+  CHECK(!out.done);
+}
+
+TEST_CASE("a pull frame to a receiver that cannot read its sender is a protocol error, not a hang") {
+  ring_pair r(0);  // another pid namespace, or CHORUS_SHM_SINGLE_COPY=0 here
+  std::vector<std::byte> sent(128 * 1024), got(sent.size());
+  transfer out = make_transfer(sent, true);
+  transfer in = make_transfer(got, false);
+  r.tx.post(&out);
+  r.tx.flush();
+  r.rx.post(&in);
+  try {
+    r.rx.pump();
+    FAIL("an unreadable pull frame was accepted");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::protocol);
+    CHECK(std::string(e.what()).find("cannot read") != std::string::npos);
+  }
+}
+
+TEST_CASE("a receiver does not complete a read in place from a sender that has failed meanwhile") {
+  // The sender may have handed its buffer back to its caller after failing: what is read
+  // then is not what it sent. The transport's check of its peers then names the failure.
+  ring_pair r(::getpid());
+  std::vector<std::byte> sent(128 * 1024, std::byte{1}), got(sent.size());
+  transfer out = make_transfer(sent, true);
+  transfer in = make_transfer(got, false);
+  r.tx.post(&out);
+  r.tx.flush();
+  r.writer.failed.store(1);
+  r.rx.post(&in);
+  r.rx.pump();
+  CHECK(!in.done);
+  CHECK(r.ctl.pulled.load() == 0);
+  r.rx.pump();
+  CHECK(!in.done);
+}
+
+TEST_CASE("a count of payloads read in place beyond those offered is a protocol error") {
+  ring_pair r(::getpid());
+  std::vector<std::byte> sent(128 * 1024);
+  transfer out = make_transfer(sent, true);
+  r.tx.post(&out);
+  r.tx.flush();
+  r.ctl.pulled.store(5);
+  try {
+    r.tx.flush();
+    FAIL("a corrupt count was trusted");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::protocol);
+    CHECK(std::string(e.what()).find("ring to rank 0 is corrupt") != std::string::npos);
+  }
+}
+
+TEST_CASE("ranks of one node read each other's direct sends in place unless CHORUS_SHM_SINGLE_COPY=0, with exact results either way") {
+  for (const char* single : {"1", "0"}) {
+    CAPTURE(single);
+    auto env = shm_env;
+    env["CHORUS_SHM_SINGLE_COPY"] = single;
+    run_ranks(4, [single](communicator& comm) {
+      const std::string d = comm.describe();
+      RANK_CHECK(d.find(std::string(single) == "1" ? ", single copy inside" : ", single copy off") != std::string::npos);
+      const std::size_t count = (std::size_t{3} << 20) + 7;  // chunks of ~3 MiB, uneven
+      std::vector<float> in(count), out(count);
+      for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 1000 + static_cast<std::size_t>(comm.rank()));
+      for (bool in_place : {false, true}) {
+        if (in_place) out = in;
+        if (in_place) {
+          comm.all_reduce(std::span(out), {.algorithm = algo::direct});
+        } else {
+          comm.all_reduce(std::span<const float>(in), std::span(out), {.algorithm = algo::direct});
+        }
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) wrong += out[i] != static_cast<float>(4 * (i % 1000) + 6);
+        RANK_CHECK(wrong == 0);
+      }
+      // A large point-to-point message read in place only when the sender asks for it.
+      std::vector<std::uint8_t> msg(1 << 20, static_cast<std::uint8_t>(comm.rank()));
+      std::vector<std::uint8_t> got(msg.size());
+      const int right = (comm.rank() + 1) % comm.size(), left = (comm.rank() + 3) % comm.size();
+      comm.sendrecv(std::span<const std::uint8_t>(msg), right, std::span(got), left, {.single_copy = true});
+      RANK_CHECK(got == std::vector<std::uint8_t>(msg.size(), static_cast<std::uint8_t>(left)));
+    }, {.env = env});
+  }
+}
+
+TEST_CASE("a rank killed while its peers read its sends in place fails every survivor naming it") {
+  const auto before = chorus_segments();
+  run_ranks(4, [](communicator& comm) {
+    std::vector<float> v(std::size_t{4} << 20, 1.0f);  // 16 MiB: pulled in 256 KiB slices
+    comm.all_reduce(std::span(v), {.algorithm = algo::direct});
+    if (comm.rank() == 3) {
+      // Die as soon as our sends are offered, while the others read them.
+      auto req = comm.all_reduce_async(std::span(v), {.algorithm = algo::direct});
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      ::raise(SIGKILL);
+    }
+    try {
+      for (int i = 0; i < 20; ++i) comm.all_reduce(std::span(v), {.algorithm = algo::direct});
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
+      RANK_CHECK((e.code() == errc::connection_lost || e.code() == errc::peer_failed));
+      RANK_CHECK(e.ranks() == std::vector<int>{3});
+    }
+  }, {.env = shm_env, .expect_killed = {3}});
+  CHECK(chorus_segments() == before);
 }

@@ -153,3 +153,30 @@ TEST_CASE("a simulation is deterministic") {
   CHECK(simulate(net, call).seconds == simulate(net, call).seconds);
   CHECK(simulate(net, call).events == simulate(net, call).events);
 }
+
+TEST_CASE("sends read in place cost their reader alone: a direct all_gather on one node is bound by what each reader reads") {
+  // 4 ranks of one node; free two-sided links would make every algorithm free, so pricing
+  // them dearly shows which transfers the pull link prices.
+  const std::size_t block = std::size_t{1} << 20;  // 4 MiB of float per rank: 16 slices of 256 KiB
+  sim_network net = network_of(std::vector<int>(4, 0), 0.0, 1e-8);
+  net.exec.max_slice_bytes = 256 * 1024;
+  net.pull = {0.0, 0.0, 1e-9, 0.0};
+  auto time_of = [&](algo a) {
+    return simulate(net, {.kind = collective::all_gather, .algorithm = a, .count = block}).seconds;
+  };
+  const double two_sided = time_of(algo::direct);
+  net.intra_pulls = true;
+  const double pulled = time_of(algo::direct);
+  const double read = 3.0 * static_cast<double>(block * 4) * 1e-9;  // each rank reads 3 blocks
+  CHECK(pulled >= read * (1 - 1e-9));
+  CHECK(pulled <= read * 1.05);
+  CHECK(pulled < two_sided / 5);
+  // A ring's sends are never read in place: its time does not change.
+  const double ring = time_of(algo::ring);
+  net.intra_pulls = false;
+  CHECK(close(time_of(algo::ring), ring, 1e-12));
+  // Nor are slices below the transport's threshold.
+  net.intra_pulls = true;
+  net.pull_min_bytes = std::size_t{1} << 30;
+  CHECK(close(time_of(algo::direct), two_sided, 1e-12));
+}

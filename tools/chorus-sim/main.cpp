@@ -5,7 +5,7 @@
 //
 // Usage: chorus-sim --ranks N [--topology flat | nodes:M | fattree:M:L:O] [--collective C]
 //                   [--algo A,B,...] [-b BYTES] [-e BYTES] [-f FACTOR] [--root R] [--dtype T]
-//                   [--intra US:GBPS] [--inter US:GBPS] [--reduce GBPS] [--copy GBPS]
+//                   [--intra US:GBPS] [--pull US:GBPS] [--inter US:GBPS] [--reduce GBPS] [--copy GBPS]
 //                   [--costs FILE] [--cpu] [--json FILE]
 //
 //   $ chorus-sim --ranks 1024 --topology nodes:8 -b 1M -e 64M -f 64
@@ -55,6 +55,7 @@ struct options {
   // Assumed costs of a cluster node (documented in --help): shared memory inside a node,
   // a 200 Gb/s NIC per node between nodes.
   chorus::link_cost intra{0.5e-6, 0.5 / 20e9, 0.5 / 20e9, 0.1e-6};
+  chorus::link_cost pull{0.5e-6, 0, 1.0 / 20e9, 0.1e-6};
   chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9, 1e-6};
   double reduce_s_per_byte = 1.0 / 20e9, copy_s_per_byte = 1.0 / 20e9;
   bool cpu = false;
@@ -75,6 +76,8 @@ void help() {
       "  --root R, --dtype T    rooted collectives' root (0); element type (float)\n"
       "  --intra US:GBPS[:O]    inside a node: latency, GB/s each way per rank and each end's\n"
       "                         overhead per message in us (0.5:20:0.1)\n"
+      "  --pull US:GBPS[:O]     inside a node, sends of direct and hierarchical steps that the\n"
+      "                         receiver reads in place: latency, GB/s it reads, overhead (0.5:20:0.1)\n"
       "  --inter US:GBPS[:O]    between nodes: latency, the node NIC's GB/s each way, overhead (5:25:1)\n"
       "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
       "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
@@ -199,6 +202,9 @@ options parse(int argc, char** argv) {
       if (!found) throw usage_error("--dtype: '" + v + "' is not a dtype");
     } else if (a == "--intra") {
       o.intra = parse_link(a, v, false);
+    } else if (a == "--pull") {
+      const chorus::link_cost l = parse_link(a, v, true);  // one end's GB/s: the reader's
+      o.pull = {l.latency_s, 0, l.send_s_per_byte, l.overhead_s};
     } else if (a == "--inter") {
       inter_text = v;
     } else if (a == "--cores") {
@@ -210,6 +216,7 @@ options parse(int argc, char** argv) {
     } else if (a == "--costs") {
       const chorus::tuning_file f = chorus::tuning_file::load(v);
       if (f.intra) o.intra = *f.intra;
+      if (f.pull) o.pull = *f.pull;
       if (f.inter) o.inter = *f.inter;
       if (f.reduce_s_per_byte) o.reduce_s_per_byte = *f.reduce_s_per_byte;
       if (f.copy_s_per_byte) o.copy_s_per_byte = *f.copy_s_per_byte;
@@ -227,7 +234,12 @@ options parse(int argc, char** argv) {
   if (o.root >= o.ranks) throw usage_error("--root must be a rank below --ranks");
   if (o.ranks % o.per_node != 0) throw usage_error("--ranks must be a multiple of the ranks per node");
   if (o.algos.empty()) {
-    for (chorus::algo al : chorus::algorithms_for(o.kind)) o.algos.push_back(al);
+    // Those the tuner would price; --algo names any.
+    for (chorus::algo al : chorus::algorithms_for(o.kind)) {
+      if (chorus::tuner::worth_pricing(o.kind, al, o.ranks, (o.ranks + o.per_node - 1) / o.per_node)) {
+        o.algos.push_back(al);
+      }
+    }
   }
   for (chorus::algo al : o.algos) {
     if (!chorus::implements(o.kind, al)) {
@@ -277,6 +289,8 @@ int main(int argc, char** argv) {
   chorus::sim_network net;
   net.node_of = chorus::sim_network::nodes_of(o.ranks, o.per_node);
   net.intra = o.intra;
+  net.pull = o.pull;
+  net.intra_pulls = true;  // chorus's shared memory reads direct sends in place on Linux
   net.inter = o.inter;
   net.inter_on_cpu = o.cpu;
   net.nodes_per_leaf = o.nodes_per_leaf;
@@ -294,9 +308,9 @@ int main(int argc, char** argv) {
                                       std::to_string(o.oversubscription) + ":1 uplinks").c_str()
                                    : "",
               std::string(chorus::to_string(o.type)).c_str());
-  std::printf("# intra %.2f us (o %.2f) + %.1f GB/s per rank, inter %.2f us (o %.2f) + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
+  std::printf("# intra %.2f us (o %.2f) + %.1f GB/s per rank (read in place: %.1f GB/s), inter %.2f us (o %.2f) + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
               o.intra.latency_s * 1e6, o.intra.overhead_s * 1e6,
-              1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte),
+              1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte), 1e-9 / o.pull.recv_s_per_byte,
               o.inter.latency_s * 1e6, o.inter.overhead_s * 1e6,
               o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
               o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,

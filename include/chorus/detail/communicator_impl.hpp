@@ -308,6 +308,7 @@ struct communicator::impl {
                                   s.algorithm, detail::no_root, d.kind == collective::all_to_allv};
     if (rooted(d.kind)) j.fp.root = static_cast<std::uint32_t>(d.root);
     if (d.kind == collective::send_recv) j.fp.root = static_cast<std::uint32_t>(d.tag);
+    j.expose = detail::exposes_sends(d.kind, s.algorithm) || d.single_copy;
     return j;
   }
 
@@ -413,8 +414,8 @@ struct communicator::impl {
   /// A group of one send and one receive, run on the caller's thread when it can be.
   void sendrecv(const void* out, std::size_t send_count, int dest, void* in, std::size_t recv_count,
                 int source, dtype t, p2p_options o) {
-    detail::op_desc s = detail::op_desc::of_p2p(true, out, send_count, t, dest, o.tag);
-    detail::op_desc r = detail::op_desc::of_p2p(false, in, recv_count, t, source, o.tag);
+    detail::op_desc s = detail::op_desc::of_p2p(true, out, send_count, t, dest, o);
+    detail::op_desc r = detail::op_desc::of_p2p(false, in, recv_count, t, source, o);
     detail::validate("sendrecv", s, info.rank, info.size);
     detail::validate("sendrecv", r, info.rank, info.size);
     std::unique_lock lk(m);
@@ -512,25 +513,27 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
   cost_model costs;
   if (known_costs != nullptr) {
     costs = *known_costs;  // shrink(): the same machines, measured
-  } else if (file.intra || file.inter || file.reduce_s_per_byte || file.copy_s_per_byte) {
+  } else if (file.intra || file.inter || file.pull || file.reduce_s_per_byte || file.copy_s_per_byte) {
     if (file.intra) costs.intra = *file.intra;
     if (file.inter) costs.inter = *file.inter;
+    if (file.pull) costs.pull = *file.pull;
     if (file.reduce_s_per_byte) costs.reduce_s_per_byte = *file.reduce_s_per_byte;
     if (file.copy_s_per_byte) costs.copy_s_per_byte = *file.copy_s_per_byte;
     costs.source = "file";
   }
   // Both ends of a message cut it into the same slices, so every rank must use the smallest
-  // frame any rank's transport takes (a rank alone on its node has no shared memory).
+  // frame any rank's transport takes (a rank alone on its node has no shared memory). And
+  // every rank's tuner must make the same picks, so they agree whether sends are read in
+  // place everywhere (CHORUS_SHM_SINGLE_COPY may differ between ranks, or a probe fail).
+  std::array<std::uint64_t, 2> agreed{std::min<std::uint64_t>(i.transport->max_slice_bytes(), detail::max_frame_payload),
+                                      i.transport->reads_in_place() ? 1u : 0u};
   if (info.size > 1) {
-    std::array<std::uint64_t, 1> max_slice{std::min<std::uint64_t>(i.transport->max_slice_bytes(), detail::max_frame_payload)};
-    i.exec.set_max_slice(max_slice[0]);  // so far: enough for this one small all_reduce
-    c.all_reduce(std::span<std::uint64_t>(max_slice), {.op = reduce_op::min, .algorithm = algo::ring});
-    i.opts.exec.max_slice_bytes = static_cast<std::size_t>(max_slice[0]);
-    i.exec.set_max_slice(i.opts.exec.max_slice_bytes);
-  } else {
-    i.opts.exec.max_slice_bytes = std::min<std::size_t>(i.transport->max_slice_bytes(), detail::max_frame_payload);
-    i.exec.set_max_slice(i.opts.exec.max_slice_bytes);
+    i.exec.set_max_slice(agreed[0]);  // so far: enough for this one small all_reduce
+    c.all_reduce(std::span<std::uint64_t>(agreed), {.op = reduce_op::min, .algorithm = algo::ring});
   }
+  i.opts.exec.max_slice_bytes = static_cast<std::size_t>(agreed[0]);
+  i.exec.set_max_slice(i.opts.exec.max_slice_bytes);
+  costs.pulls = agreed[1] == 1;
   i.tune = chorus::tuner(i.topo, costs, file.rules, i.opts.exec);  // for the probe's own calls
   if (known_costs == nullptr && costs.source == "defaults" && opts.tuning.probe && info.size > 1) {
     const std::string signature = i.transport->name() + "/" + i.topo.describe() + "/slice " +
@@ -677,18 +680,18 @@ inline void communicator::scatter(const void* in, void* out, std::size_t block, 
 }
 inline request communicator::send_async(const void* data, std::size_t count, dtype t, int peer,
                                         p2p_options o) {
-  return p_->submit("send", detail::op_desc::of_p2p(true, data, count, t, peer, o.tag), true);
+  return p_->submit("send", detail::op_desc::of_p2p(true, data, count, t, peer, o), true);
 }
 inline void communicator::send(const void* data, std::size_t count, dtype t, int peer,
                                p2p_options o) {
-  p_->submit("send", detail::op_desc::of_p2p(true, data, count, t, peer, o.tag), false);
+  p_->submit("send", detail::op_desc::of_p2p(true, data, count, t, peer, o), false);
 }
 inline request communicator::recv_async(void* data, std::size_t count, dtype t, int peer,
                                         p2p_options o) {
-  return p_->submit("recv", detail::op_desc::of_p2p(false, data, count, t, peer, o.tag), true);
+  return p_->submit("recv", detail::op_desc::of_p2p(false, data, count, t, peer, o), true);
 }
 inline void communicator::recv(void* data, std::size_t count, dtype t, int peer, p2p_options o) {
-  p_->submit("recv", detail::op_desc::of_p2p(false, data, count, t, peer, o.tag), false);
+  p_->submit("recv", detail::op_desc::of_p2p(false, data, count, t, peer, o), false);
 }
 
 inline request communicator::barrier_async() {

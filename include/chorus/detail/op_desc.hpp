@@ -28,6 +28,7 @@ struct op_desc {
   int root = -1;          ///< rooted collectives: the root; send_recv: the peer
   bool sending = false;   ///< send_recv: this rank sends
   int tag = 0;            ///< send_recv
+  bool single_copy = false;  ///< send_recv: p2p_options::single_copy
   std::vector<std::size_t> send_counts, recv_counts;  ///< all_to_allv (copied: the call returns)
   std::uint64_t seq = 0;  ///< collectives: the communicator's; send_recv: the pair's
   bool is_group = false;
@@ -56,12 +57,13 @@ struct op_desc {
     return d;
   }
   static op_desc of_p2p(bool sending, const void* data, std::size_t count, dtype t, int peer,
-                        int tag) {
+                        const p2p_options& o) {
     op_desc d = of(collective::send_recv, sending ? data : nullptr,
                    sending ? nullptr : const_cast<void*>(data), count, t, reduce_op::sum,
                    algo::direct, peer);
     d.sending = sending;
-    d.tag = tag;
+    d.tag = o.tag;
+    d.single_copy = sending && o.single_copy;
     return d;
   }
 };

@@ -17,13 +17,22 @@ namespace chorus::detail {
 class staging_buffer {
  public:
   staging_buffer() = default;
+  /// A buffer of the pages a plain allocation gets here (4 KiB unless the system backs all
+  /// memory with huge pages), pre-faulted by the kernel: what callers' buffers are made of,
+  /// for measuring what moving their bytes costs (the probe).
+  static staging_buffer plain() {
+    staging_buffer b;
+    b.huge_ = false;
+    return b;
+  }
   staging_buffer(staging_buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), huge_(o.huge_) {}
   staging_buffer& operator=(staging_buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      huge_ = o.huge_;
     }
     return *this;
   }
@@ -39,10 +48,13 @@ class staging_buffer {
     if (bytes <= size_) return;
     constexpr std::size_t huge = std::size_t{2} << 20;
     const std::size_t want = (bytes + huge - 1) / huge * huge;
-    void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (huge_ ? 0 : MAP_POPULATE), -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
-    ::madvise(p, want, MADV_HUGEPAGE);  // advice only: fine if the kernel declines
-    std::memset(p, 0, want);            // fault it in now, not in the middle of an operation
+    if (huge_) {
+      ::madvise(p, want, MADV_HUGEPAGE);  // advice only: fine if the kernel declines
+      std::memset(p, 0, want);            // fault it in now, not in the middle of an operation
+    }
     release();
     data_ = static_cast<std::byte*>(p);
     size_ = want;
@@ -57,6 +69,7 @@ class staging_buffer {
 
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  bool huge_ = true;
 };
 
 }  // namespace chorus::detail

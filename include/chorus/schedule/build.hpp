@@ -40,10 +40,11 @@ struct schedule_args {
 
 namespace detail {
 inline constexpr std::array all_reduce_algos{algo::ring, algo::recursive_doubling, algo::hierarchical,
-                                             algo::tree, algo::halving_doubling};
-inline constexpr std::array reduce_scatter_algos{algo::ring, algo::hierarchical, algo::halving_doubling};
+                                             algo::tree, algo::halving_doubling, algo::direct};
+inline constexpr std::array reduce_scatter_algos{algo::ring, algo::hierarchical, algo::halving_doubling,
+                                                 algo::direct};
 inline constexpr std::array all_gather_algos{algo::ring, algo::hierarchical, algo::recursive_doubling,
-                                             algo::bruck};
+                                             algo::bruck, algo::direct};
 inline constexpr std::array rooted_flow_algos{algo::chain, algo::binomial};  // broadcast, reduce
 inline constexpr std::array rooted_block_algos{algo::direct, algo::binomial};  // gather, scatter
 inline constexpr std::array direct_algos{algo::direct};
@@ -112,6 +113,7 @@ inline schedule build_schedule(const topology& topo, const schedule_args& a) {
         case algo::hierarchical: return hierarchical_all_reduce(topo, a.count);
         case algo::tree: return tree_all_reduce(r, n, a.count);
         case algo::halving_doubling: return halving_doubling_all_reduce(r, n, a.count);
+        case algo::direct: return direct_all_reduce(r, n, a.count);
         default: break;
       }
       break;
@@ -120,6 +122,7 @@ inline schedule build_schedule(const topology& topo, const schedule_args& a) {
         case algo::ring: return ring_reduce_scatter(r, n, a.count);
         case algo::hierarchical: return hierarchical_reduce_scatter(topo, a.count);
         case algo::halving_doubling: return halving_doubling_reduce_scatter(r, n, a.count);
+        case algo::direct: return direct_reduce_scatter(r, n, a.count);
         default: break;
       }
       break;
@@ -129,6 +132,7 @@ inline schedule build_schedule(const topology& topo, const schedule_args& a) {
         case algo::hierarchical: return hierarchical_all_gather(topo, a.count);
         case algo::recursive_doubling: return recursive_doubling_all_gather(r, n, a.count);
         case algo::bruck: return bruck_all_gather(r, n, a.count);
+        case algo::direct: return direct_all_gather(r, n, a.count);
         default: break;
       }
       break;

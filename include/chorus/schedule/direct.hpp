@@ -1,18 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
-// Direct all-to-all, all-to-allv, gather and scatter, as schedules: every block goes
-// straight from the rank that has it to the rank that needs it.
+// Direct collectives, as schedules: every block goes straight from the rank that has it to
+// the rank that needs it, in P-1 concurrent exchanges with every peer.
 //
-// With P ranks, S bytes (the whole buffer of P blocks of B bytes each):
-//   all_to_all:  P-1 steps (+1 local copy), (P-1)/P * S bytes sent per rank
-//   all_to_allv: P-1 steps (+1 local copy), the elements sent to other ranks
-//   gather:      the root receives (P-1) * B in P-1 steps (+1 local copy); others send B in 1
-//   scatter:     the root sends (P-1) * B in P-1 steps (+1 local copy); others receive B in 1
-// No byte travels twice, so these are bandwidth-optimal; the latency term is P-1 (the
-// root's) or, for all-to-all, P-1 steps that each move one block both ways.
+// With P ranks, S bytes (the whole buffer; all_to_all, gather and scatter: P blocks of B):
+//   all_reduce:     2 rounds of P-1 exchanges, 2(P-1)/P * S bytes sent per rank
+//   reduce_scatter: 1 round of P-1 exchanges, (P-1)/P * S bytes sent per rank
+//   all_gather:     1 round of P-1 exchanges (+1 local copy), (P-1)/P * S bytes sent per rank
+//   all_to_all:     P-1 steps (+1 local copy), (P-1)/P * S bytes sent per rank
+//   all_to_allv:    P-1 steps (+1 local copy), the elements sent to other ranks
+//   gather:         the root receives (P-1) * B in P-1 steps (+1 local copy); others send B in 1
+//   scatter:        the root sends (P-1) * B in P-1 steps (+1 local copy); others receive B in 1
+// No byte travels twice, so these are bandwidth-optimal; the latency term is P-1 messages
+// per round, all in flight at once.
 //
-// All-to-all runs in P-1 pairwise rounds: in round k, rank r sends to r+k and receives from
-// r-k, so every rank sends one block and receives one block per round and no rank is the
-// target of two senders at once.
+// Why all-reduce has a direct form besides the ring: on shared memory a transport can let the
+// receiver read a sent buffer straight out of the sender's memory (one copy per byte instead
+// of two through a ring; see concepts.hpp, transfer::exposable). That pays only where the
+// sender has nothing else to do with the bytes until they are read, which holds for direct
+// steps and not for a ring's, whose every step forwards what the last one received. The
+// executor exposes the sends of direct (and hierarchical) schedules.
+//
+// Every exchange runs in rounds: in round k, rank r sends to r+k and receives from r-k, so
+// every rank sends one block and receives one block per round and no rank is the target of
+// two senders at once.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +32,75 @@
 #include "chorus/schedule/schedule.hpp"
 
 namespace chorus {
+
+/// Direct reduce-scatter: rank r ends with block r (`block` elements) reduced. Round k sends
+/// block r+k of our input to its owner and adds rank r-k's copy of block r to ours, so every
+/// rank reduces only its own block, reading each peer's copy once. In place (output ==
+/// input + r * block) the first round reduces into the input's block r, which no peer reads.
+inline schedule direct_reduce_scatter(int rank, int nranks, std::size_t block) {
+  schedule s = new_schedule(collective::reduce_scatter, algo::direct, rank, nranks);
+  auto in = [&](int j) { return region{buffer_id::input, static_cast<std::size_t>(j) * block, block}; };
+  const region out{buffer_id::output, 0, block};
+  if (nranks == 1) {
+    s.steps.push_back(step{.action = recv_action::copy, .recv_into = out, .reduce_with = in(rank)});
+    return s;
+  }
+  for (int k = 1; k < nranks; ++k) {
+    const int to = wrap(rank + k, nranks);
+    s.steps.push_back(step{.send_peer = to, .send_from = in(to), .recv_peer = wrap(rank - k, nranks),
+                           .action = recv_action::reduce, .recv_into = out,
+                           .reduce_with = k == 1 ? in(rank) : out});
+  }
+  return s;
+}
+
+/// Direct all-gather: our `block` input elements go to every peer, and each peer's block
+/// lands at its place in our output. In place (input == output + r * block) the copy does
+/// nothing.
+inline schedule direct_all_gather(int rank, int nranks, std::size_t block) {
+  schedule s = new_schedule(collective::all_gather, algo::direct, rank, nranks);
+  auto out = [&](int j) { return region{buffer_id::output, static_cast<std::size_t>(j) * block, block}; };
+  const region in{buffer_id::input, 0, block};
+  s.steps.push_back(step{.action = recv_action::copy, .recv_into = out(rank), .reduce_with = in});
+  for (int k = 1; k < nranks; ++k) {
+    const int from = wrap(rank - k, nranks);
+    s.steps.push_back(step{.send_peer = wrap(rank + k, nranks), .send_from = in, .recv_peer = from,
+                           .action = recv_action::store, .recv_into = out(from)});
+  }
+  return s;
+}
+
+/// Direct all-reduce of `count` elements, cut into P chunks as the ring cuts them.
+///   phase 1, reduce-scatter: round k sends chunk r+k of our input to rank r+k and adds rank
+///            r-k's chunk r to ours: rank r ends owning chunk r reduced
+///   phase 2, all-gather: round k sends our chunk r to rank r+k and stores rank r-k's.
+/// A chunk is reduced by one rank only, so every rank ends with the same bits. Phase 2's
+/// sends of a slice wait only for that slice's reductions (the executor orders steps by the
+/// bytes they share), so the phases overlap. In place, phase 2 overwrites chunk r-k only
+/// after phase 1's send of it is complete, for the same reason.
+inline schedule direct_all_reduce(int rank, int nranks, std::size_t count) {
+  schedule s = new_schedule(collective::all_reduce, algo::direct, rank, nranks);
+  const int n = nranks;
+  auto in = [&](int c) { return chunk_of(buffer_id::input, count, n, wrap(c, n)); };
+  auto out = [&](int c) { return chunk_of(buffer_id::output, count, n, wrap(c, n)); };
+  if (n == 1) {
+    s.steps.push_back(step{.action = recv_action::copy, .recv_into = {buffer_id::output, 0, count},
+                           .reduce_with = {buffer_id::input, 0, count}});
+    return s;
+  }
+  // Phase 1: reduce-scatter.
+  for (int k = 1; k < n; ++k) {
+    s.steps.push_back(step{.send_peer = wrap(rank + k, n), .send_from = in(rank + k), .recv_peer = wrap(rank - k, n),
+                           .action = recv_action::reduce, .recv_into = out(rank),
+                           .reduce_with = k == 1 ? in(rank) : out(rank)});
+  }
+  // Phase 2: all-gather.
+  for (int k = 1; k < n; ++k) {
+    s.steps.push_back(step{.send_peer = wrap(rank + k, n), .send_from = out(rank), .recv_peer = wrap(rank - k, n),
+                           .action = recv_action::store, .recv_into = out(rank - k)});
+  }
+  return s;
+}
 
 /// All-to-all: block j of the input (`block` elements each) goes to rank j's output at
 /// block r; our own block is copied. Not for in place (input == output): round k would

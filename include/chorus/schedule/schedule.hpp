@@ -72,7 +72,7 @@ enum class algo : std::uint8_t {
   bruck = 6,               ///< bruck.hpp: log2(P) steps for any P
   chain = 7,               ///< chain.hpp: a pipelined chain from (or to) the root
   binomial = 8,            ///< binomial.hpp: a binomial tree from (or to) the root
-  direct = 9,              ///< direct exchanges with every peer (all-to-all, gather, scatter, send/recv)
+  direct = 9,              ///< direct.hpp: straight to every peer, one round of P-1 exchanges per phase
   dissemination = 10,      ///< barrier.hpp: ceil(log2 P) rounds of empty messages
 };
 inline constexpr int algo_count = 11;

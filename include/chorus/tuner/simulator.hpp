@@ -40,6 +40,13 @@ struct sim_network {
   std::vector<int> node_of;  ///< node of each rank; the size is the number of ranks
   link_cost intra;           ///< between ranks of one node
   link_cost inter;           ///< between nodes
+  /// Where `intra_pulls`: between ranks of one node, a send of an exposing operation
+  /// (executor_job::expose) of at least `pull_min_bytes`, which the receiver reads in place:
+  /// its core copies the bytes (recv_s_per_byte) and the sender's pays only its overhead; the
+  /// send completes when the receiver has read it.
+  link_cost pull{};
+  bool intra_pulls = false;
+  std::size_t pull_min_bytes = 64 * 1024;  ///< the shared-memory transport's threshold
   /// true: inter-node transfers keep the ranks' cores busy (TCP on one machine); false: the
   /// nodes' NICs (inter.send/recv_s_per_byte are then the NIC's, shared by its ranks).
   bool inter_on_cpu = true;
@@ -166,7 +173,9 @@ class sim_engine {
     double at;    // the receiver may start taking it (its first byte is there)
     double sent;  // the sender finished: the receiver cannot finish before sent + latency
     std::uint64_t bytes;
+    std::uint64_t pulled_step = none;  // read in place: the sender's step, done when read
   };
+  static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
   struct peer_rt {
     int rank = -1;
     std::deque<std::uint64_t> sends, recvs;  // discovered steps with this peer, in order
@@ -263,13 +272,24 @@ class sim_engine {
     return p.free_at;
   }
 
+  /// Whether a slice of `bytes` from `from` to `to` is read in place by the receiver.
+  bool pulled(int from, int to, std::uint64_t bytes) const {
+    return net_.intra_pulls && progs_[static_cast<std::size_t>(from)].expose && bytes >= net_.pull_min_bytes &&
+           net_.node_of[static_cast<std::size_t>(from)] == net_.node_of[static_cast<std::size_t>(to)];
+  }
+
   /// Sends one slice now. Returns when the sender is done with it (its window slot frees)
-  /// and the arrival the receiver sees; the receiver's own work happens when it takes it.
+  /// and the arrival the receiver sees; the receiver's own work happens when it takes it. A
+  /// slice read in place is done only when its receiver has read it (see serve_peer).
   std::pair<double, arrival> transfer(int from, int to, double now, std::uint64_t bytes) {
     const auto b = static_cast<double>(bytes);
     const int nf = net_.node_of[static_cast<std::size_t>(from)];
     const int nt = net_.node_of[static_cast<std::size_t>(to)];
     const bool inside = nf == nt;
+    if (pulled(from, to, bytes)) {
+      const double posted = reserve(core(from), now, net_.pull.overhead_s);
+      return {posted, arrival{posted + net_.pull.latency_s, posted + net_.pull.latency_s, bytes}};
+    }
     const link_cost& c = inside ? net_.intra : net_.inter;
     if (inside || net_.inter_on_cpu) {
       // The sender's core copies the slice out; the receiver's copies it in when it takes it.
@@ -309,7 +329,7 @@ class sim_engine {
   /// copy in (links through the cores) and the reduction.
   double receive_work(int from, int to, std::uint64_t bytes, bool reducing) const {
     const bool inside = net_.node_of[static_cast<std::size_t>(from)] == net_.node_of[static_cast<std::size_t>(to)];
-    const link_cost& c = inside ? net_.intra : net_.inter;
+    const link_cost& c = pulled(from, to, bytes) ? net_.pull : inside ? net_.intra : net_.inter;
     const double copy = inside || net_.inter_on_cpu ? c.recv_s_per_byte : 0.0;
     return c.overhead_s + static_cast<double>(bytes) * (copy + (reducing ? net_.reduce_s_per_byte : 0.0));
   }
@@ -374,7 +394,10 @@ class sim_engine {
   bool serve_peer(int r, rank_state& rs, int peer, peer_rt& ps, double now) {
     bool moved = false;
     // Sends: the first step with slices left, while the window has room and data is ready.
-    while (!ps.sends.empty() && ps.in_flight < net_.exec.window) {
+    const std::size_t window = progs_[static_cast<std::size_t>(r)].expose
+                                   ? std::max(net_.exec.window, executor::exposed_window)
+                                   : net_.exec.window;
+    while (!ps.sends.empty() && ps.in_flight < window) {
       const std::uint64_t i = ps.sends.front();
       step_rt* sp = live_step(rs, i);
       if (sp == nullptr || sp->send_posted == sp->st->send_slices()) {
@@ -386,10 +409,14 @@ class sim_engine {
       if (!clear(rs, i, s, access_role::send, k)) break;
       const std::uint64_t first = k * s.st->unit;
       const std::uint64_t len = first >= s.st->send_bytes ? 0 : std::min(s.st->unit, s.st->send_bytes - first);
-      const auto [sent, a] = transfer(r, peer, now, len);
+      auto [sent, a] = transfer(r, peer, now, len);
       ++s.send_posted;
       ++ps.in_flight;
-      push({sent, r, event_kind::sent, peer, i});
+      if (pulled(r, peer, len)) {
+        a.pulled_step = i;  // its receiver completes it
+      } else {
+        push({sent, r, event_kind::sent, peer, i});
+      }
       ranks_[static_cast<std::size_t>(peer)].peers[r].arrived.push_back(a);
       wake(peer, a.at);
       moved = true;
@@ -413,6 +440,7 @@ class sim_engine {
       const double work = receive_work(peer, r, a.bytes, reducing);
       const double end = std::max(work > 0 ? reserve(core(r), now, work) : now, a.sent);
       push({end, r, event_kind::applied, peer, i});
+      if (a.pulled_step != none) push({end, peer, event_kind::sent, r, a.pulled_step});
       moved = true;
     }
     return moved;
@@ -466,6 +494,7 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
                                              .count = call.count,
                                              .root = rooted(call.kind) ? call.root : -1});
     progs.push_back(detail::make_program(s, call.count, call.elem_size, net.exec, call.in_place));
+    progs.back().expose = detail::exposes_sends(call.kind, call.algorithm);
   }
   detail::sim_engine e(net, std::move(progs));
   return e.run();

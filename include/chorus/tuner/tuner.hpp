@@ -40,6 +40,12 @@ namespace chorus {
 struct cost_model {
   link_cost intra{0.5e-6, 0.5 / 5e9, 0.5 / 5e9, 0.2e-6};  ///< between ranks of one node
   link_cost inter{10e-6, 0.5 / 2e9, 0.5 / 2e9, 3e-6};     ///< between nodes
+  /// Between ranks of one node, a send the receiver reads in place (sim_network::pull): all
+  /// of its per-byte cost is the receiver's. Used where `pulls`.
+  link_cost pull{0.5e-6, 0, 1.0 / 8e9, 0.2e-6};
+  /// Whether the ranks of a node read each other's exposed sends in place (the transport says
+  /// so, and every rank agrees at creation; TCP never does).
+  bool pulls = false;
   double reduce_s_per_byte = 1.0 / 20e9;            ///< applying a reduction
   double copy_s_per_byte = 1.0 / 20e9;              ///< a local copy
   /// Cores a node's ranks share where they outnumber them (0: a core per rank); the probe's
@@ -47,9 +53,9 @@ struct cost_model {
   int cores_per_node = 0;
   std::string source = "defaults";  ///< "probe", "cache" (the job's earlier probe), "file", "defaults"
 
-  /// "intra 0.4 us (o 0.2 us) + 6.1 GB/s, inter ..., reduce 19.5 GB/s, copy 21.0 GB/s (probe)",
-  /// latency, per-message overhead of each end and the GB/s one rank moves each way while also
-  /// receiving.
+  /// "intra 0.4 us (o 0.2 us) + 6.1 GB/s, pull ..., inter ..., reduce 19.5 GB/s, copy 21.0 GB/s
+  /// (probe)": latency, per-message overhead of each end and the GB/s one rank moves each way
+  /// while also receiving.
   std::string describe() const {
     auto link = [](const link_cost& c) {
       char buf[96];
@@ -62,7 +68,7 @@ struct cost_model {
                   1e-9 / copy_s_per_byte);
     const std::string cores =
         cores_per_node > 0 ? ", " + std::to_string(cores_per_node) + " cores per node" : "";
-    return "intra " + link(intra) + ", inter " + link(inter) + tail +
+    return "intra " + link(intra) + (pulls ? ", pull " + link(pull) : "") + ", inter " + link(inter) + tail +
            cores + " (" + source + ")";
   }
 };
@@ -82,6 +88,7 @@ struct tuning_rule {
 ///
 ///   cost intra 0.5 6.0 0.2    # latency in us, GB/s one rank moves each way, and optionally
 ///                             # each end's overhead per message in us
+///   cost pull 0.5 8.0         # inside a node, sends read in place: GB/s the reader moves
 ///   cost inter 15 1.9
 ///   cost reduce 20            # GB/s
 ///   cost copy 21
@@ -90,7 +97,7 @@ struct tuning_rule {
 ///
 /// The first rule that matches a call wins.
 struct tuning_file {
-  std::optional<link_cost> intra, inter;
+  std::optional<link_cost> intra, inter, pull;
   std::optional<double> reduce_s_per_byte, copy_s_per_byte;
   std::vector<tuning_rule> rules;
 
@@ -161,10 +168,20 @@ class tuner {
   std::vector<algo> candidates(collective kind) const {
     std::vector<algo> v;
     for (algo a : algorithms_for(kind)) {
-      if (a == algo::hierarchical && topo_.nodes() == 1 && topo_.size > 16) continue;
-      v.push_back(a);
+      if (worth_pricing(kind, a, topo_.size, topo_.nodes())) v.push_back(a);
     }
     return v;
+  }
+  /// Whether the tuner prices `a` for `kind` on `ranks` ranks in `nodes` nodes: not
+  /// hierarchical on one node (it runs the direct algorithm's exchanges there, in another
+  /// order, and measured no faster: the direct one is priced), nor direct reduce_scatter,
+  /// all_gather or all_reduce beyond 64 ranks (P-1 messages per rank per round: never the
+  /// fastest at that scale, and P^2 steps to simulate).
+  static bool worth_pricing(collective kind, algo a, int ranks, int nodes) {
+    if (a == algo::hierarchical && nodes == 1) return false;
+    const bool flow = kind == collective::all_reduce || kind == collective::reduce_scatter ||
+                      kind == collective::all_gather;
+    return !(flow && a == algo::direct && ranks > 64);
   }
 
   /// The simulated network of this communicator under this tuner's costs.
@@ -173,6 +190,8 @@ class tuner {
     net.node_of = topo_.node_of;
     net.intra = costs_.intra;
     net.inter = costs_.inter;
+    net.pull = costs_.pull;
+    net.intra_pulls = costs_.pulls;
     net.inter_on_cpu = true;  // the probe measured per-rank costs with every rank busy
     net.reduce_s_per_byte = costs_.reduce_s_per_byte;
     net.copy_s_per_byte = costs_.copy_s_per_byte;
@@ -307,15 +326,18 @@ inline tuning_file tuning_file::parse(std::string_view text, const std::string& 
       return v;
     };
     if (w[0] == "cost") {
-      if ((w.size() == 4 || w.size() == 5) && (w[1] == "intra" || w[1] == "inter")) {
+      if ((w.size() == 4 || w.size() == 5) && (w[1] == "intra" || w[1] == "inter" || w[1] == "pull")) {
         const double us = number(w[2]), gbps = number(w[3]);
         const double o = w.size() == 5 ? number(w[4]) : 0.0;
-        const link_cost c{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps, o * 1e-6};
-        (w[1] == "intra" ? f.intra : f.inter) = c;
+        if (w[1] == "pull") {
+          f.pull = link_cost{us * 1e-6, 0, 1e-9 / gbps, o * 1e-6};
+        } else {
+          (w[1] == "intra" ? f.intra : f.inter) = link_cost{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps, o * 1e-6};
+        }
       } else if (w.size() == 3 && (w[1] == "reduce" || w[1] == "copy")) {
         (w[1] == "reduce" ? f.reduce_s_per_byte : f.copy_s_per_byte) = 1e-9 / number(w[2]);
       } else {
-        throw bad("expected 'cost intra|inter LATENCY_US GBPS [OVERHEAD_US]' or 'cost reduce|copy GBPS'");
+        throw bad("expected 'cost intra|inter|pull LATENCY_US GBPS [OVERHEAD_US]' or 'cost reduce|copy GBPS'");
       }
     } else if (w[0] == "rule") {
       if (w.size() != 4 && w.size() != 5) throw bad("expected 'rule COLLECTIVE BYTES [RANKS] ALGORITHM'");

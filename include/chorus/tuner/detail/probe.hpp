@@ -45,13 +45,14 @@ inline double median(std::vector<double>& v) {
 }
 
 /// Median seconds of one exchange of `bytes` each way with `partner` (both send, both
-/// receive, in one group), after a warm-up.
+/// receive, in one group), after a warm-up; with `single_copy`, each reads the other's send
+/// in place where the transport can (p2p_options::single_copy).
 inline double probe_exchange(communicator& comm, int partner, std::byte* out, std::byte* in,
-                             std::size_t bytes, int reps) {
+                             std::size_t bytes, int reps, bool single_copy = false) {
   std::vector<double> times;
   for (int i = -2; i < reps; ++i) {
     const auto t0 = clock::now();
-    comm.sendrecv(out, bytes, partner, in, bytes, partner, dtype::uint8);
+    comm.sendrecv(out, bytes, partner, in, bytes, partner, dtype::uint8, {.single_copy = single_copy});
     if (i >= 0) times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
   }
   return median(times);
@@ -95,6 +96,8 @@ double probe_time(int reps, F&& f) {
   return median(times);
 }
 
+inline void with_pull_overheads(cost_model& c);
+
 /// Measures the links every pair of this communicator uses and agrees on the costs: each
 /// pair fits per-message overhead from a burst of small messages against a burst of one
 /// (each extra message costs both ends o for its send and o for its receive), latency from
@@ -112,14 +115,20 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
                               const executor_options& exec) {
   const topology& t = comm.topo();
   constexpr std::size_t small = 8, large = std::size_t{2} << 20;
-  staging_buffer buf;  // huge pages: fresh 4 KiB pages cost 3 ms per MiB here
+  // Plain pages, as callers' buffers have: a receiver reading another process's memory in
+  // place pins it page by page, and on 4 KiB pages that reading ran at 17 GB/s where huge
+  // pages gave 27 (2 ranks, 2 MiB): probed on huge pages, the tuner preferred reading in
+  // place at 2 ranks, where it ran 30% slower than a ring on plain buffers. (Faulted in by
+  // the kernel: a fault taken from user space costs ~12 µs a page here.)
+  staging_buffer buf = staging_buffer::plain();
   buf.reserve(3 * large);
   std::byte* out = buf.data();
   std::byte* in = out + large;
   std::byte* third = in + large;
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
-  // measuring each, the reduce and copy times and a barrier's.
-  std::array<double, 11> sum{};
+  // measuring each, the reduce and copy times, a barrier's, and the per-byte cost of reading
+  // a send in place inside a node.
+  std::array<double, 12> sum{};
   // Barriers first, on the caller's thread as a blocking collective runs: the mean of a run
   // of them, as a perf binary reports a collective's time. Where ranks outnumber cores one
   // barrier in ten takes ten times the median, and those count.
@@ -154,9 +163,11 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     // Every rank takes part in the turns (they end in barriers), partner or not.
     const bool any = inter ? t.nodes() > 1 : most_local > 1;
     if (!any) continue;
-    double tl = 0;
+    double tl = 0, tp = 0;
     in_turn(inter ? 1 : 2, [&] {
-      if (partner >= 0) tl = probe_exchange(comm, partner, out, in, large, 5);
+      if (partner < 0) return;
+      tl = probe_exchange(comm, partner, out, in, large, 5);
+      if (!inter) tp = probe_exchange(comm, partner, out, in, large, 5, true);
     });
     if (partner < 0) continue;
     const double ts = probe_exchange(comm, partner, out, in, small, 31);
@@ -168,6 +179,8 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     sum[k + 1] += std::max(0.0, tl - ts) / static_cast<double>(large - small);
     sum[k + 2] += o;
     sum[k + 3] += 1;
+    // Read in place, all of an exchange's per-byte cost is the reader's (each end reads once).
+    if (!inter) sum[11] += std::max(0.0, tp - ts) / static_cast<double>(large - small);
   }
   comm.barrier();  // every rank times its kernels at once, as they run in a collective
   const reduce_fn add = reduce_function(dtype::float32, reduce_op::sum);
@@ -190,6 +203,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     // An exchange keeps both ends' ports busy with their send and their receive.
     l.send_s_per_byte = l.recv_s_per_byte = 0.5 * sum[k + 1] / sum[k + 3];
     l.overhead_s = sum[k + 2] / sum[k + 3];
+    if (!inter) c.pull.recv_s_per_byte = sum[11] / sum[k + 3];
   }
   c.reduce_s_per_byte = sum[8] / n;
   c.copy_s_per_byte = sum[9] / n;
@@ -210,7 +224,16 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
       l->overhead_s *= scale;
     }
   }
+  with_pull_overheads(c);
   return c;
+}
+
+/// A send read in place starts as any message inside the node does (its frame is a small
+/// one): the pull link takes the intra link's latency and overhead, and its own per-byte cost.
+inline void with_pull_overheads(cost_model& c) {
+  c.pull.latency_s = c.intra.latency_s;
+  c.pull.overhead_s = c.intra.overhead_s;
+  c.pull.send_s_per_byte = 0;
 }
 
 inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& lock,
@@ -242,7 +265,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     cached[0] = root.add(key + "/ready", 0);
   }
   comm.all_reduce(std::span<std::int64_t>(cached), {.op = reduce_op::max});
-  std::array<double, 11> v{};
+  std::array<double, 12> v{};
   if (cached[0] > 0) {
     std::vector<std::byte> bytes;
     {
@@ -257,6 +280,8 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     c.reduce_s_per_byte = v[8];
     c.copy_s_per_byte = v[9];
     c.cores_per_node = static_cast<int>(v[10]);
+    c.pull.recv_s_per_byte = v[11];
+    with_pull_overheads(c);
     c.source = "cache";
     return c;
   }
@@ -264,7 +289,8 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
   if (comm.rank() == 0) {
     v = {c.intra.latency_s, c.intra.send_s_per_byte, c.intra.recv_s_per_byte, c.intra.overhead_s,
          c.inter.latency_s, c.inter.send_s_per_byte, c.inter.recv_s_per_byte, c.inter.overhead_s,
-         c.reduce_s_per_byte, c.copy_s_per_byte, static_cast<double>(c.cores_per_node)};
+         c.reduce_s_per_byte, c.copy_s_per_byte, static_cast<double>(c.cores_per_node),
+         c.pull.recv_s_per_byte};
     std::lock_guard lk(lock);
     root.set(key, std::as_bytes(std::span(v)));
     root.add(key + "/ready", 1);

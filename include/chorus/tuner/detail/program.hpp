@@ -59,6 +59,7 @@ struct sim_program {
   std::uint64_t steps = 0;
   std::uint64_t sent_bytes = 0;  ///< everything this rank sends
   std::uint64_t messages = 0;    ///< slices this rank sends
+  bool expose = false;           ///< its sends are exposed (executor_job::expose)
 
   /// Walks the steps in order without expanding the runs.
   class cursor {

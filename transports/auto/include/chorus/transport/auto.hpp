@@ -74,6 +74,8 @@ class auto_transport {
     return s.empty() ? "no peers" : s;
   }
   std::size_t max_slice_bytes() const { return shm_ ? shm_->max_slice_bytes() : SIZE_MAX; }
+  /// Whether the ranks of our node read our exposable sends in place (over TCP nobody does).
+  bool reads_in_place() const { return shm_ ? shm_->reads_in_place() : !tcp_; }
 
   void post_send(int peer, transfer* x) {
     if (via_shm(peer)) {

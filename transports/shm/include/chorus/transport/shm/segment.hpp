@@ -37,7 +37,7 @@ namespace chorus::detail {
 // memory (tmpfs allocates pages on first write).
 
 inline constexpr std::uint32_t shm_magic = 0x4d534843;  // "CHSM"
-inline constexpr std::uint32_t shm_version = 3;
+inline constexpr std::uint32_t shm_version = 4;
 inline constexpr std::size_t shm_abort_text = 960;
 
 struct alignas(64) shm_header {
@@ -59,6 +59,9 @@ struct alignas(64) shm_member {
   std::atomic<std::uint32_t> failed;  ///< set after abort_text is written
   std::atomic<std::int32_t> pid;
   std::uint64_t pid_ns;                ///< inode of the rank's pid namespace
+  /// Where, in the rank's own memory, a peer finds the word shm_probe_word() names: a peer
+  /// that reads it there with process_vm_readv may read the rank's sends in place.
+  std::uint64_t probe_at;
   std::uint32_t abort_len;
   frame_header abort_call;  ///< the call the rank failed in, as abort_header() writes it
   char abort_text[shm_abort_text];
@@ -66,10 +69,16 @@ struct alignas(64) shm_member {
 
 /// One single-producer single-consumer byte ring. Both counters only grow; a byte at
 /// position p lives at data[p % ring_bytes]. head: bytes written (producer's line);
-/// tail: bytes the consumer has given back (consumer's line).
+/// tail: bytes the consumer has given back (consumer's line). Besides bytes, the ring carries
+/// pull frames, which name a payload in the producer's memory that the consumer reads in
+/// place (channel.hpp): `pulled` counts those it has finished reading, and `can_pull`, set
+/// once at connection, says the consumer can read the producer's memory at all (its own
+/// line: both are the consumer's).
 struct shm_ring_ctl {
   alignas(64) std::atomic<std::uint64_t> head;
   alignas(64) std::atomic<std::uint64_t> tail;
+  alignas(64) std::atomic<std::uint64_t> pulled;
+  std::atomic<std::uint32_t> can_pull;
 };
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free &&
@@ -103,6 +112,12 @@ inline void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen,
               static_cast<long>(timeout.count() % 1000000000)};
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr,
             0);
+}
+
+/// What a rank's probe word holds: a peer that reads this value at the rank's `probe_at`
+/// reads the right process (pids are recycled) of the right segment.
+inline std::uint64_t shm_probe_word(std::uint64_t salt, std::size_t member) {
+  return salt ^ (0x9e3779b97f4a7c15ull * (member + 1));
 }
 
 /// The inode of this process's pid namespace; two ranks may compare pids only when equal.

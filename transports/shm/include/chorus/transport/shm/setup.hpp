@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <string>
@@ -21,6 +22,17 @@ inline void shm_require_one_node(const topology& topo) {
                 "CHORUS_TRANSPORT=shm needs every rank on one node, but the job spans " +
                     topo.describe() + " (use tcp or auto)");
   }
+}
+
+/// Whether this process can read `bytes`' worth at `at` in process `pid` and finds `want`
+/// there: cross-memory attach needs ptrace permission over the peer (same user, and no Yama
+/// or seccomp rule against it), which only trying tells.
+inline bool shm_can_read(int pid, std::uint64_t at, std::uint64_t want) {
+  if (pid <= 0 || at == 0) return false;
+  std::uint64_t got = 0;
+  iovec local{&got, sizeof got};
+  iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(at)), sizeof got};
+  return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof got) && got == want;
 }
 
 }  // namespace detail
@@ -71,6 +83,9 @@ inline shm_transport shm_transport::connect(store& store, const launch_info& inf
       }
       shm_member& me = t.seg_->member(static_cast<std::size_t>(t.my_index_));
       me.pid_ns = my_ns;
+      t.probe_ = std::make_unique<std::uint64_t>(
+          shm_probe_word(t.seg_->salt(), static_cast<std::size_t>(t.my_index_)));
+      me.probe_at = reinterpret_cast<std::uintptr_t>(t.probe_.get());
       me.pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
     }
     // 2. Once every member has mapped it, the name can go: the mappings keep the memory,
@@ -81,32 +96,46 @@ inline shm_transport shm_transport::connect(store& store, const launch_info& inf
     if (!name.empty()) ::shm_unlink(name.c_str());  // whoever fails first removes it
     throw;
   }
+  // 3. Every rank tries to read each peer's probe word in place, and tells the peer
+  //    through the ring between them whether it can (shm_ring_ctl::can_pull); once all
+  //    have, each sender knows which receivers may read its sends in place.
+  if (!alone && opts.single_copy) {
+    for (std::size_t j = 0; j < t.local_.size(); ++j) {
+      if (static_cast<int>(j) == t.my_index_) continue;
+      const shm_member& peer = t.seg_->member(j);
+      if (peer.pid_ns != my_ns) continue;
+      if (shm_can_read(peer.pid.load(std::memory_order_acquire), peer.probe_at,
+                       shm_probe_word(t.seg_->salt(), j))) {
+        t.seg_->ring_ctl(j, static_cast<std::size_t>(t.my_index_)).can_pull.store(1, std::memory_order_release);
+      }
+    }
+  }
+  store.barrier("chorus/shm/probed");
   if (alone) return t;
 
-  // 3. Wire a sender and a receiver to every other local rank, and watch its process.
+  // 4. Wire a sender and a receiver to every other local rank, and watch its process.
   for (std::size_t j = 0; j < t.local_.size(); ++j) {
     if (static_cast<int>(j) == t.my_index_) continue;
     const auto i = static_cast<std::size_t>(t.my_index_);
     shm_member& peer = t.seg_->member(j);
     const int peer_rank = t.local_[j];
+    // Pids mean the same process only inside one pid namespace; elsewhere we rely on the
+    // peer's abort flag and the operation timeout, and read nothing in place.
+    const int pid = peer.pid_ns == my_ns ? peer.pid.load(std::memory_order_acquire) : 0;
+    const bool pulls = opts.single_copy && t.seg_->ring_ctl(i, j).can_pull.load(std::memory_order_acquire) != 0;
     t.slot_of_[static_cast<std::size_t>(peer_rank)] = t.peers_.size();
     peer_link p{peer_rank,
                 &peer,
                 shm_sender(&t.seg_->ring_ctl(i, j), {t.seg_->ring_data(i, j), opts.ring_bytes}, &peer,
-                           t.seg_->salt()),
+                           t.seg_->salt(), peer_rank, pulls),
                 shm_receiver(&t.seg_->ring_ctl(j, i), {t.seg_->ring_data(j, i), opts.ring_bytes},
-                             &peer, t.seg_->salt(), info.rank, peer_rank),
+                             &peer, t.seg_->salt(), info.rank, peer_rank, opts.single_copy ? pid : 0),
                 unique_fd(),
-                0,
+                pid,
                 false};
-    // Pids mean the same process only inside one pid namespace; elsewhere we rely on the
-    // peer's abort flag and the operation timeout.
-    if (peer.pid_ns == my_ns) {
-      p.pid = peer.pid.load(std::memory_order_acquire);
 #ifdef SYS_pidfd_open
-      p.pidfd = unique_fd(static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0)));
+    if (pid > 0) p.pidfd = unique_fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
 #endif
-    }
     t.peers_.push_back(std::move(p));
   }
   return t;
