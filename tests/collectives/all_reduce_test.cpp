@@ -193,3 +193,59 @@ TEST_CASE("recursive doubling with slices larger than the socket buffers does no
         .env = {{"CHORUS_TCP_BUFFER", "65536"}, {"CHORUS_SLICE_BYTES", "8388608"}, {"CHORUS_TIMEOUT", "20"}}});
   }
 }
+
+TEST_CASE("the same call on the same buffers again replays its plan exactly, between other calls on those buffers") {
+  // The executor keeps the plan of its last single operation and replays it for the same
+  // schedule and buffers. New values every round, another output buffer for the same call,
+  // and calls in between that use the same memory differently (another count, another
+  // algorithm, all_to_allvs whose counts change while their buffers' sizes and fingerprint
+  // do not) must never see a stale plan.
+  for (int n : {2, 3, 4}) {
+    run_ranks(n, [](communicator& comm) {
+      const auto ranks = static_cast<std::size_t>(comm.size());
+      const std::size_t count = 50000 * ranks;  // a few slices per step
+      std::vector<std::int64_t> a(count), b(count), c(count);
+      for (int round = 0; round < 12; ++round) {
+        for (algo al : {algo::ring, algo::direct}) {
+          for (int again = 0; again < 3; ++again) {
+            const std::int64_t base = round * 7 + again;
+            for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<std::int64_t>(i * 3) + base + comm.rank();
+            // The second of three calls writes elsewhere: a plan replayed on the wrong
+            // buffers shows.
+            std::vector<std::int64_t>& out = again == 1 ? c : b;
+            comm.all_reduce(std::span<const std::int64_t>(a), std::span(out), {.algorithm = al});
+            std::size_t wrong = 0;
+            const auto r = static_cast<std::int64_t>(ranks);
+            for (std::size_t i = 0; i < count; ++i) {
+              wrong += out[i] != r * (static_cast<std::int64_t>(i * 3) + base) + r * (r - 1) / 2;
+            }
+            RANK_CHECK(wrong == 0);
+          }
+        }
+        // The same buffers, another shape of call.
+        comm.all_reduce(std::span(a).first(count / 2), {.algorithm = algo::ring});
+        // Two all_to_allvs in a row on the same buffers, with counts that differ while their
+        // sums, and so the buffers' sizes and the fingerprint, stay the same.
+        const int me = comm.rank();
+        for (int shift = round; shift < round + 2; ++shift) {
+          std::vector<std::size_t> send(ranks), recv(ranks);
+          for (std::size_t j = 0; j < ranks; ++j) {
+            send[j] = (j + static_cast<std::size_t>(me + shift)) % ranks;
+            recv[j] = (static_cast<std::size_t>(me + shift) + j) % ranks;  // what rank j sends us
+          }
+          std::size_t at = 0;
+          for (std::size_t j = 0; j < ranks; ++j) {
+            for (std::size_t k = 0; k < send[j]; ++k) a[at++] = static_cast<std::int64_t>(me * 1000) + static_cast<std::int64_t>(j);
+          }
+          comm.all_to_allv(a.data(), send, b.data(), recv, dtype::int64);
+          at = 0;
+          std::size_t wrong = 0;
+          for (std::size_t j = 0; j < ranks; ++j) {
+            for (std::size_t k = 0; k < recv[j]; ++k) wrong += b[at++] != static_cast<std::int64_t>(j * 1000) + me;
+          }
+          RANK_CHECK(wrong == 0);
+        }
+      }
+    }, {.deadline = std::chrono::seconds(120)});
+  }
+}

@@ -136,7 +136,10 @@ class executor {
   void set_watch(const detail::watch* w) { watch_ = w; }
 
   /// Sets the largest frame: the smallest any rank's transport takes (see executor_options).
-  void set_max_slice(std::size_t bytes) { opts_.max_slice_bytes = std::max<std::size_t>(bytes, 1); }
+  void set_max_slice(std::size_t bytes) {
+    opts_.max_slice_bytes = std::max<std::size_t>(bytes, 1);
+    last_plan_ = {};
+  }
 
   /// Runs `s` to completion, or throws chorus::error naming the operation and the peer.
   void run(const schedule& s, const detail::op_fingerprint& fp, const op_buffers& b,
@@ -281,6 +284,32 @@ class executor {
   std::vector<std::uint32_t> copies_;
   std::size_t copy_cur_ = 0;
   std::size_t units_left_ = 0;  // slices (and copies) not yet completed
+
+  /// What the last plan was made for, when it was one job: the same call on the same
+  /// buffers again (a training loop's, a benchmark's) replays it instead of planning anew,
+  /// which took a sixth of an 8-byte all_reduce's software.
+  struct plan_key {
+    const schedule* sched = nullptr;
+    const step* steps = nullptr;
+    std::size_t nsteps = 0;
+    detail::op_fingerprint fp{};
+    op_buffers buffers{};
+    bool expose = false;
+    bool matches(const executor_job& j) const {
+      const detail::op_fingerprint& f = j.fp;
+      const op_buffers& b = j.buffers;
+      // all_to_allv's counts are not in its fingerprint, and its schedule is rebuilt in place.
+      return sched != nullptr && !f.count_per_block && j.sched == sched && j.sched->steps.data() == steps &&
+             j.sched->steps.size() == nsteps && f.kind == fp.kind && f.algorithm == fp.algorithm &&
+             f.count == fp.count && f.root == fp.root && f.type == fp.type && b.input == buffers.input &&
+             b.output == buffers.output && b.input_bytes == buffers.input_bytes &&
+             b.output_bytes == buffers.output_bytes && b.elem_size == buffers.elem_size &&
+             b.reduce == buffers.reduce && j.expose == expose;
+    }
+  };
+  plan_key last_plan_;
+  std::size_t planned_units_ = 0;
+  void replan(std::span<const executor_job> jobs);
 };
 
 // ---------------------------------------------------------------------------------------
@@ -449,6 +478,29 @@ inline void executor::plan(std::span<const executor_job> jobs) {
   staging_.reserve(base * slot_bytes_);
 }
 
+inline void executor::replan(std::span<const executor_job> jobs) {
+  if (jobs.size() == 1 && last_plan_.matches(jobs.front())) {
+    // The same plan: only the progress made through it starts over.
+    for (step_state& ss : steps_) ss.send_posted = ss.send_done = ss.recv_posted = ss.recv_done = 0;
+    for (int p : active_) {
+      peer_state& ps = peers_[static_cast<std::size_t>(p)];
+      ps.send_cur = ps.recv_cur = 0;
+      ps.tx.head = ps.tx.size = ps.rx.head = ps.rx.size = 0;
+      ps.slots_used = ps.next_slot = 0;
+    }
+    copy_cur_ = 0;
+    units_left_ = planned_units_;
+    return;
+  }
+  plan(jobs);
+  planned_units_ = units_left_;
+  last_plan_ = {};
+  if (jobs.size() == 1) {
+    const executor_job& j = jobs.front();
+    last_plan_ = {j.sched, j.sched->steps.data(), j.sched->steps.size(), j.fp, j.buffers, j.expose};
+  }
+}
+
 inline bool executor::advance_peer(std::span<const executor_job> jobs, int p) {
   peer_state& ps = peers_[static_cast<std::size_t>(p)];
   bool moved = false;
@@ -578,7 +630,7 @@ inline void executor::run_until(std::span<const executor_job> jobs,
                                 std::optional<clock::time_point> deadline,
                                 std::chrono::milliseconds timeout) {
   failed_ = nullptr;
-  plan(jobs);
+  replan(jobs);
   for (const executor_job& j : jobs) history_.record(j.fp);
   try {
     // Reading the clock costs as much as a poll of shared memory on some VMs, so an idle
@@ -618,6 +670,7 @@ inline void executor::run_until(std::span<const executor_job> jobs,
       }
     }
   } catch (const error& e) {
+    last_plan_ = {};
     // Transfers point into the peers' fifos: they are reset only by the next plan(), after
     // the transport forgot them, which the communicator guarantees by never using a failed
     // transport again.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -133,6 +134,7 @@ class tuner {
       rules_ = o.rules_;
       exec_ = o.exec_;
       std::lock_guard lk(m_);
+      last_.store(nullptr, std::memory_order_relaxed);
       picks_.clear();
     }
     return *this;
@@ -143,15 +145,23 @@ class tuner {
   /// rank; picks are remembered. With CHORUS_DEBUG=INFO rank 0 logs each new pick and why.
   algo choose(collective kind, std::size_t count, std::size_t elem_size) const {
     const auto key = std::tuple(kind, count, elem_size);
+    // The same call again, the common case in a training loop, takes no lock: a lock and
+    // unlock cost ~20 ns here, a tenth of the software in an 8-byte all_reduce.
+    if (const auto* last = last_.load(std::memory_order_acquire); last != nullptr && last->first == key) {
+      return last->second;
+    }
     {
       std::lock_guard lk(m_);
-      if (auto it = picks_.find(key); it != picks_.end()) return it->second;
+      if (auto it = picks_.find(key); it != picks_.end()) {
+        last_.store(&*it, std::memory_order_release);
+        return it->second;
+      }
     }
     std::string why;
     const algo a = decide(kind, count, elem_size, why);
     if (topo_.rank == 0) detail::log(detail::log_level::info, 0, why);
     std::lock_guard lk(m_);
-    picks_.emplace(key, a);
+    last_.store(&*picks_.emplace(key, a).first, std::memory_order_release);
     return a;
   }
 
@@ -244,8 +254,10 @@ class tuner {
   cost_model costs_;
   std::vector<tuning_rule> rules_;
   executor_options exec_{};
+  using pick_map = std::map<std::tuple<collective, std::size_t, std::size_t>, algo>;
   mutable std::mutex m_;
-  mutable std::map<std::tuple<collective, std::size_t, std::size_t>, algo> picks_;
+  mutable pick_map picks_;  // nodes never move or go (but in operator=): last_ points into it
+  mutable std::atomic<const pick_map::value_type*> last_{nullptr};
 };
 
 // ---------------------------------------------------------------------------------------
