@@ -36,6 +36,13 @@ inline int probe_partner(const topology& t, bool inter) {
   return me < static_cast<int>(m.size()) ? m[static_cast<std::size_t>(me)] : -1;
 }
 
+/// The most ranks any node of `t` has.
+inline int most_local_ranks(const topology& t) {
+  int most = 1;
+  for (const auto& m : t.members) most = std::max(most, static_cast<int>(m.size()));
+  return most;
+}
+
 /// The median of `v` (not empty); reorders it. Every probe keeps the median of many samples:
 /// on a shared machine one sample in ten may include a sleep and a wake-up that cost 100
 /// times the exchange.
@@ -46,13 +53,19 @@ inline double median(std::vector<double>& v) {
 
 /// Median seconds of one exchange of `bytes` each way with `partner` (both send, both
 /// receive, in one group), after a warm-up; with `single_copy`, each reads the other's send
-/// in place where the transport can (p2p_options::single_copy).
+/// in place where the transport can (p2p_options::single_copy). Each exchange sends the next
+/// of `windows` consecutive stretches of `bytes` at `out`, round robin, the first round a
+/// warm-up (so memory is measured as a loop of collectives finds it: used before, but more
+/// than the caches hold).
 inline double probe_exchange(communicator& comm, int partner, std::byte* out, std::byte* in,
-                             std::size_t bytes, int reps, bool single_copy = false) {
+                             std::size_t bytes, int reps, bool single_copy = false,
+                             std::size_t windows = 1) {
   std::vector<double> times;
-  for (int i = -2; i < reps; ++i) {
+  const int warm = std::max(2, static_cast<int>(windows));
+  for (int i = -warm; i < reps; ++i) {
+    const std::byte* from = out + static_cast<std::size_t>(i + warm) % windows * bytes;
     const auto t0 = clock::now();
-    comm.sendrecv(out, bytes, partner, in, bytes, partner, dtype::uint8, {.single_copy = single_copy});
+    comm.sendrecv(from, bytes, partner, in, bytes, partner, dtype::uint8, {.single_copy = single_copy});
     if (i >= 0) times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
   }
   return median(times);
@@ -125,6 +138,14 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   std::byte* out = buf.data();
   std::byte* in = out + large;
   std::byte* third = in + large;
+  // Reads in place go out of stretch after stretch of a larger buffer: the reader pins the
+  // writer's pages and walks its page tables, which cost more where those are not in the
+  // caches and TLBs. Read over and over from 2 MiB, they ran at 13 GB/s here, and a 64 MiB
+  // all_reduce read at 9.5: the tuner then took reading in place for 2 ranks, where it ran
+  // 1.5x slower than the ring.
+  constexpr std::size_t pull_windows = 8;
+  staging_buffer pull_buf = staging_buffer::plain();
+  if (most_local_ranks(t) > 1) pull_buf.reserve(pull_windows * large);
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
   // measuring each, the reduce and copy times, a barrier's, and the per-byte cost of reading
   // a send in place inside a node.
@@ -146,8 +167,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // time, the rest asleep in a barrier. Elsewhere everyone measures at once, as they run.
   std::array<std::int64_t, 1> cores{static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()))};
   comm.all_reduce(std::span<std::int64_t>(cores), {.op = reduce_op::min});
-  int most_local = 1;
-  for (const auto& m : t.members) most_local = std::max(most_local, static_cast<int>(m.size()));
+  const int most_local = most_local_ranks(t);
   const bool shared_cores = most_local > cores[0];
   // Runs f() on every rank, in turn by local rank (`per_turn` at a time) where cores are shared.
   auto in_turn = [&](int per_turn, auto&& f) {
@@ -167,7 +187,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
       tl = probe_exchange(comm, partner, out, in, large, 5);
-      if (!inter) tp = probe_exchange(comm, partner, out, in, large, 5, true);
+      if (!inter) tp = probe_exchange(comm, partner, pull_buf.data(), in, large, pull_windows, true, pull_windows);
     });
     if (partner < 0) continue;
     const double ts = probe_exchange(comm, partner, out, in, small, 31);
