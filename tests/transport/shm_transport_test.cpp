@@ -13,7 +13,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "support/multirank.hpp"
@@ -242,9 +241,14 @@ TEST_CASE("an exposable send goes as one line and completes only once its receiv
 }
 
 TEST_CASE("small or unexposable sends, and sends to a receiver that cannot read us, go through the ring") {
-  for (const auto& [bytes, exposable, pulls] : {std::tuple{std::size_t{1000}, true, true},
-                                                 std::tuple{std::size_t{100000}, false, true},
-                                                 std::tuple{std::size_t{100000}, true, false}}) {
+  struct send_case {
+    std::size_t bytes;
+    bool exposable, pulls;
+  };
+  for (const send_case c : {send_case{1000, true, true}, send_case{100000, false, true}, send_case{100000, true, false}}) {
+    // (No structured bindings: clang 14 cannot capture them in CAPTURE's lambda.)
+    const std::size_t bytes = c.bytes;
+    const bool exposable = c.exposable, pulls = c.pulls;
     CAPTURE(bytes);
     CAPTURE(exposable);
     std::vector<std::byte> ring(1 << 20);
