@@ -138,14 +138,16 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   std::byte* out = buf.data();
   std::byte* in = out + large;
   std::byte* third = in + large;
-  // Reads in place go out of stretch after stretch of a larger buffer: the reader pins the
-  // writer's pages and walks its page tables, which cost more where those are not in the
-  // caches and TLBs. Read over and over from 2 MiB, they ran at 13 GB/s here, and a 64 MiB
-  // all_reduce read at 9.5: the tuner then took reading in place for 2 ranks, where it ran
-  // 1.5x slower than the ring.
-  constexpr std::size_t pull_windows = 8;
-  staging_buffer pull_buf = staging_buffer::plain();
-  if (most_local_ranks(t) > 1) pull_buf.reserve(pull_windows * large);
+  // The large exchanges go out of stretch after stretch of a larger buffer, as a collective
+  // large enough for its link costs to matter finds its memory: used before, but not in the
+  // caches and TLBs. A reader in place pins the writer's pages and walks its page tables:
+  // read over and over from 2 MiB, it ran at 13 GB/s here, and a 64 MiB all_reduce read at
+  // 9.5 (the tuner then took reading in place for 2 ranks, where it ran 1.5x slower than the
+  // ring). Copies through the rings go out of the same stretches, so that the two compare as
+  // they do in a collective.
+  constexpr std::size_t windows = 8;
+  staging_buffer stretches = staging_buffer::plain();
+  if (most_local_ranks(t) > 1 || t.nodes() > 1) stretches.reserve(windows * large);
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
   // measuring each, the reduce and copy times, a barrier's, and the per-byte cost of reading
   // a send in place inside a node.
@@ -183,11 +185,17 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     // Every rank takes part in the turns (they end in barriers), partner or not.
     const bool any = inter ? t.nodes() > 1 : most_local > 1;
     if (!any) continue;
-    double tl = 0, tp = 0;
+    // Per-byte costs are what a large exchange takes beyond a small one timed in the same
+    // turn. With shared cores the turns leave a pair alone, while the small exchanges below
+    // run with every pair at once and include trips through the scheduler (70 µs at 8 ranks
+    // on 2 cores): subtracted from a large exchange timed alone, they made its bytes look
+    // up to twice as cheap, by as much as the scheduler happened to cost.
+    double tl = 0, tp = 0, alone = 0;
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
-      tl = probe_exchange(comm, partner, out, in, large, 5);
-      if (!inter) tp = probe_exchange(comm, partner, pull_buf.data(), in, large, pull_windows, true, pull_windows);
+      alone = probe_exchange(comm, partner, out, in, small, 15);
+      tl = probe_exchange(comm, partner, stretches.data(), in, large, windows, false, windows);
+      if (!inter) tp = probe_exchange(comm, partner, stretches.data(), in, large, windows, true, windows);
     });
     if (partner < 0) continue;
     const double ts = probe_exchange(comm, partner, out, in, small, 31);
@@ -196,11 +204,11 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     const double o = std::clamp(probe_burst(comm, partner, out, in, burst, 15) / (2.0 * (burst - 1)), 0.0, ts / 2);
     const std::size_t k = inter ? 4 : 0;
     sum[k] += std::max(0.0, ts - 2 * o);
-    sum[k + 1] += std::max(0.0, tl - ts) / static_cast<double>(large - small);
+    sum[k + 1] += std::max(0.0, tl - alone) / static_cast<double>(large - small);
     sum[k + 2] += o;
     sum[k + 3] += 1;
     // Read in place, all of an exchange's per-byte cost is the reader's (each end reads once).
-    if (!inter) sum[11] += std::max(0.0, tp - ts) / static_cast<double>(large - small);
+    if (!inter) sum[11] += std::max(0.0, tp - alone) / static_cast<double>(large - small);
   }
   comm.barrier();  // every rank times its kernels at once, as they run in a collective
   const reduce_fn add = reduce_function(dtype::float32, reduce_op::sum);
