@@ -146,8 +146,9 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // ring). Copies through the rings go out of the same stretches, so that the two compare as
   // they do in a collective.
   constexpr std::size_t windows = 8;
+  const int most_local = most_local_ranks(t);
   staging_buffer stretches = staging_buffer::plain();
-  if (most_local_ranks(t) > 1 || t.nodes() > 1) stretches.reserve(windows * large);
+  if (most_local > 1 || t.nodes() > 1) stretches.reserve(windows * large);
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
   // measuring each, the reduce and copy times, a barrier's, and the per-byte cost of reading
   // a send in place inside a node.
@@ -169,7 +170,6 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // time, the rest asleep in a barrier. Elsewhere everyone measures at once, as they run.
   std::array<std::int64_t, 1> cores{static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()))};
   comm.all_reduce(std::span<std::int64_t>(cores), {.op = reduce_op::min});
-  const int most_local = most_local_ranks(t);
   const bool shared_cores = most_local > cores[0];
   // Runs f() on every rank, in turn by local rank (`per_turn` at a time) where cores are shared.
   auto in_turn = [&](int per_turn, auto&& f) {
@@ -189,16 +189,17 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     // turn. With shared cores the turns leave a pair alone, while the small exchanges below
     // run with every pair at once and include trips through the scheduler (70 µs at 8 ranks
     // on 2 cores): subtracted from a large exchange timed alone, they made its bytes look
-    // up to twice as cheap, by as much as the scheduler happened to cost.
+    // up to twice as cheap, by as much as the scheduler happened to cost. Without shared
+    // cores the turn is everyone at once, and its small exchange is the latency's too.
     double tl = 0, tp = 0, alone = 0;
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
-      alone = probe_exchange(comm, partner, out, in, small, 15);
+      alone = probe_exchange(comm, partner, out, in, small, 31);
       tl = probe_exchange(comm, partner, stretches.data(), in, large, windows, false, windows);
       if (!inter) tp = probe_exchange(comm, partner, stretches.data(), in, large, windows, true, windows);
     });
     if (partner < 0) continue;
-    const double ts = probe_exchange(comm, partner, out, in, small, 31);
+    const double ts = shared_cores ? probe_exchange(comm, partner, out, in, small, 31) : alone;
     // A message's overhead at its two ends is part of the single exchange (ts = L + 2o), so
     // a burst that says more met a slow hand-off to the worker, not slow messages.
     const double o = std::clamp(probe_burst(comm, partner, out, in, burst, 15) / (2.0 * (burst - 1)), 0.0, ts / 2);
