@@ -192,19 +192,24 @@ TEST_CASE("an unreachable master is a bootstrap error naming its address, within
 }
 
 TEST_CASE("a peer that exits early turns the survivors' operation into an error naming it") {
-  run_ranks(3, [](communicator& comm) {
-    if (comm.rank() == 2) ::_exit(0);  // leaves without a word
-    std::vector<float> v(100000, 1.0f);
-    try {
-      comm.all_reduce(std::span(v));
-      RANK_CHECK(false);
-    } catch (const error& e) {
-      std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
-      RANK_CHECK(e.code() == errc::connection_lost || e.code() == errc::peer_failed);
-      RANK_CHECK(e.ranks() == std::vector<int>{2});
-      RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
-    }
-  }, {.deadline = std::chrono::seconds(60), .env = {{"CHORUS_TIMEOUT", "20"}}});
+  // late: rank 0 calls only after rank 1 has failed on rank 2, reported it and left.
+  for (const bool late : {false, true}) {
+    CAPTURE(late);
+    run_ranks(3, [late](communicator& comm) {
+      if (comm.rank() == 2) ::_exit(0);  // leaves without a word
+      if (late && comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      std::vector<float> v(100000, 1.0f);
+      try {
+        comm.all_reduce(std::span(v));
+        RANK_CHECK(false);
+      } catch (const error& e) {
+        std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
+        RANK_CHECK(e.code() == errc::connection_lost || e.code() == errc::peer_failed);
+        RANK_CHECK(e.ranks() == std::vector<int>{2});
+        RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
+      }
+    }, {.deadline = std::chrono::seconds(60), .env = {{"CHORUS_TIMEOUT", "20"}}});
+  }
 }
 
 // --- rooted collectives, all_to_all(v) and algorithm choices -----------------------------

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The TCP connection's frame parser against hostile and broken byte streams (socketpair peer).
 #include <doctest/doctest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -211,6 +214,81 @@ TEST_CASE("EOF between frames after the last one is delivered is a quiet goodbye
   CHECK_NOTHROW(p.pump_until(x));
   CHECK(x.done);
   CHECK(out[0] == 5.0f);
+}
+
+TEST_CASE("a send reset by a peer that gave up reports the peer's abort, even behind data frames") {
+  // Over real TCP: a peer that closes with our bytes unread resets the connection, and the
+  // frames it sent before (data nobody asked for yet, then its abort) are still readable.
+  const int lis = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lis >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(lis, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(lis, 1) == 0);
+  REQUIRE(::getsockname(lis, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int ours = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int room = 4 << 20;  // everything the peer sends fits in our socket
+  ::setsockopt(ours, SOL_SOCKET, SO_RCVBUF, &room, sizeof room);
+  REQUIRE(::connect(ours, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int theirs = ::accept(lis, nullptr, nullptr);
+  REQUIRE(theirs >= 0);
+  ::close(lis);
+  detail::set_nonblocking(ours);
+  tcp_connection conn(detail::unique_fd(ours), 0, 1);
+
+  // The peer: two data frames (one larger than the connection's buffer), then its abort.
+  std::vector<float> big(80000, 1.0f);
+  const frame_header d1 = detail::make_header(fingerprint(big.size()), 0, 0, static_cast<std::uint32_t>(big.size() * 4));
+  const frame_header d2 = detail::make_header(fingerprint(1), 1, 0, 4);
+  const std::string text = "rank 1 failed on rank 2";
+  frame_header ab{};
+  ab.magic = detail::frame_magic;
+  ab.kind = detail::frame_abort;
+  ab.length = static_cast<std::uint32_t>(text.size());
+  std::string wire(reinterpret_cast<const char*>(&d1), sizeof d1);
+  wire.append(reinterpret_cast<const char*>(big.data()), big.size() * 4);
+  wire.append(reinterpret_cast<const char*>(&d2), sizeof d2);
+  wire.append("abcd");
+  wire.append(reinterpret_cast<const char*>(&ab), sizeof ab);
+  wire += text;
+  for (std::size_t off = 0; off < wire.size();) {
+    const ssize_t n = ::send(theirs, wire.data() + off, wire.size() - off, MSG_NOSIGNAL);
+    REQUIRE(n > 0);
+    off += static_cast<std::size_t>(n);
+  }
+
+  // Our send reaches the peer, which closes without reading it: a reset.
+  std::vector<float> out(4, 2.0f);
+  transfer x;
+  x.header = detail::make_header(fingerprint(4), 0, 0, 16);
+  x.data = reinterpret_cast<std::byte*>(out.data());
+  x.length = 16;
+  conn.post_send(&x);
+  conn.flush();
+  for (int i = 0; i < 1000; ++i) {  // all of the peer's bytes have left it, ours arrived
+    int unsent = 1, unread = 0;
+    ::ioctl(theirs, TIOCOUTQ, &unsent);
+    ::ioctl(theirs, FIONREAD, &unread);
+    if (unsent == 0 && unread > 0) break;
+    ::usleep(1000);
+  }
+  ::close(theirs);
+  ::usleep(10000);
+
+  std::string what;
+  std::vector<transfer> more(100, x);
+  CHECK(code_of([&] {
+          for (transfer& y : more) {  // the reset may take a send or two to show
+            y.done = false;
+            conn.post_send(&y);
+            conn.writable = true;
+            conn.flush();
+            ::usleep(1000);
+          }
+        }, &what) == errc::remote_error);
+  CHECK(what.find(text) != std::string::npos);
 }
 
 // --- CHORUS_ENCRYPT=aes-gcm: the same frames, sealed in records ---

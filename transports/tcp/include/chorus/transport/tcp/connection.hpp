@@ -13,7 +13,9 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <chorus/concepts.hpp>
 #include <chorus/detail/frame.hpp>
@@ -70,10 +72,7 @@ class tcp_connection {
   bool flush() {
     bool moved = false;
     if (cipher_ && cipher_->pending() && writable && !cipher_->drain(fd_.get())) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        closed_ = true;
-        throw lost("send to", errno);
-      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) fail_send(errno);
       writable = false;
     }
     while (!txq_.empty() && writable) {
@@ -102,8 +101,7 @@ class tcp_connection {
           break;
         }
         if (errno == EINTR) continue;
-        closed_ = true;
-        throw lost("send to", errno);
+        fail_send(errno);
       }
       moved = true;
       // Retire whole frames; keep the offset into a partly written one.
@@ -195,6 +193,63 @@ class tcp_connection {
   }
 
  private:
+  /// A send failed (errno `err`): the connection is gone. A peer that gives up sends its
+  /// abort frame and then closes, and closing with our bytes unread resets the connection,
+  /// so the send that fails may have the peer's reason waiting behind it, perhaps after data
+  /// frames not yet asked for. That reason is worth more than the reset: read what the socket
+  /// still holds, without waiting, and throw the abort if it is there.
+  [[noreturn]] void fail_send(int err) {
+    closed_ = true;
+    std::optional<error> why;
+    try {
+      why = abort_left();
+    } catch (const error&) {
+      // A tail that does not decrypt says nothing more than the reset.
+    }
+    if (why) throw *why;
+    throw lost("send to", err);
+  }
+
+  /// fail_send(): the peer's abort among the bytes still buffered or on the socket, if any.
+  std::optional<error> abort_left() {
+    std::vector<std::byte> rest(rx_.get() + rx_begin_, rx_.get() + rx_end_);
+    // Where the next header starts: after what is still due to the frame being received.
+    std::size_t at = rx_has_header_ ? rx_hdr_.length - rx_got_ : 0;
+    std::size_t read = 0;
+    for (int resets = 0;;) {
+      while (rest.size() >= at + sizeof(frame_header)) {
+        frame_header h;
+        std::memcpy(&h, rest.data() + at, sizeof h);
+        if (h.magic != frame_magic) return std::nullopt;
+        if (h.kind != frame_abort) {
+          at += sizeof h + h.length;
+          continue;
+        }
+        if (h.length > max_abort_text) return std::nullopt;
+        if (rest.size() < at + sizeof h + h.length) break;  // its text is still on the socket
+        const std::string text(reinterpret_cast<const char*>(rest.data() + at + sizeof h), h.length);
+        return peer_failed(peer_, self_, h, text, history_);
+      }
+      // Keep only bytes from the next header on, and read more: what a socket buffers is
+      // bounded by its size, and we stop well past any.
+      const std::size_t drop = std::min(at, rest.size());
+      rest.erase(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(drop));
+      at -= drop;
+      if (read > (64u << 20)) return std::nullopt;
+      const std::size_t had = rest.size();
+      rest.resize(had + tcp_rx_buffer);
+      const ssize_t n = recv_some(rest.data() + had, tcp_rx_buffer);
+      rest.resize(had + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+      if (n > 0) {
+        read += static_cast<std::size_t>(n);
+      } else if (n == 0 || errno == EAGAIN || errno == EWOULDBLOCK || ++resets > 1) {
+        // One error is allowed: a reset the send did not report is reported to the first
+        // read, and the bytes that arrived before it are readable after.
+        return std::nullopt;
+      }
+    }
+  }
+
   error lost(const char* dir, int err = 0) const {
     std::string why = err ? std::string(": ") + std::strerror(err) : ": the peer closed the connection";
     return error(errc::connection_lost,
