@@ -273,13 +273,20 @@ TEST_CASE("shrink() of a split() group: its survivors only") {
   test::run_options o;
   o.env = quick_heartbeat;
   o.expect_killed = {3};
+  shared_counters split_done(1);  // ranks whose split() returned
   run_ranks(
       6,
       [&](communicator& comm) {
         // Two groups of three, ranked in reverse: {5, 3, 1} (3 dies) and {4, 2, 0}.
         auto group = comm.split(comm.rank() % 2, -comm.rank());
         REQUIRE(group);
-        if (comm.rank() == 3) ::raise(SIGKILL);
+        ++split_done[0];
+        if (comm.rank() == 3) {
+          // split() gathers over the whole communicator, which may still be in flight
+          // elsewhere when ours returns; a death then would fail it there too.
+          for (int i = 0; i < 1000 && split_done[0] < 6; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          ::raise(SIGKILL);
+        }
         if (comm.rank() % 2 == 0) {
           check_exact(*group, {4, 2, 0});  // the other group is untouched
           return;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/shared_counters.hpp"
 #include "support/multirank.hpp"
 
 using namespace chorus;
@@ -381,11 +382,17 @@ TEST_CASE("ranks of one node read each other's direct sends in place unless CHOR
 
 TEST_CASE("a rank killed while its peers read its sends in place fails every survivor naming it") {
   const auto before = chorus_segments();
-  run_ranks(4, [](communicator& comm) {
+  test::shared_counters past_first(1);  // ranks past the first all_reduce
+  run_ranks(4, [&](communicator& comm) {
     std::vector<float> v(std::size_t{4} << 20, 1.0f);  // 16 MiB: pulled in 256 KiB slices
     comm.all_reduce(std::span(v), {.algorithm = algo::direct});
+    ++past_first[0];
     if (comm.rank() == 3) {
-      // Die as soon as our sends are offered, while the others read them.
+      // Our first all_reduce can end before the others' do, and our death fails every call
+      // of theirs in flight (a clean-clone CI run met it: rank 2's first call failed). So
+      // once every rank is past it, die as soon as our sends are offered, while the others
+      // read them.
+      for (int i = 0; i < 1000 && past_first[0] < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       auto req = comm.all_reduce_async(std::span(v), {.algorithm = algo::direct});
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       ::raise(SIGKILL);
