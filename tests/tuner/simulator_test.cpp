@@ -147,6 +147,32 @@ TEST_CASE("the double binary tree beats the ring at small sizes on many ranks, a
   CHECK(t(algo::ring, std::size_t{1} << 26) < t(algo::recursive_doubling, std::size_t{1} << 26));
 }
 
+TEST_CASE("ranks with equal programs share one: every rank of a ring, each local rank of equal nodes") {
+  // Peers counted from the rank and gates in a fixed order make programs comparable; what
+  // 16,384-rank simulations need to fit in memory.
+  auto programs = [](int n, int per_node, algo a, std::size_t count) {
+    std::vector<std::string> ids;
+    for (int r = 0; r < n; ++r) ids.push_back(std::to_string(r / per_node));
+    topology topo = topology::from_ids(0, ids);
+    std::vector<detail::sim_program> out;
+    for (int r = 0; r < n; ++r) {
+      topo.rank = r;
+      const schedule s = build_schedule(topo, {.kind = collective::all_reduce, .algorithm = a, .count = count});
+      out.push_back(detail::make_program(s, count, 4, executor_options{}));
+    }
+    return out;
+  };
+  const auto ring = programs(64, 8, algo::ring, std::size_t{1} << 25);  // 128 MiB
+  for (const auto& p : ring) CHECK(p == ring[0]);
+  CHECK(ring[0].steps == 126);
+  CHECK(ring[0].runs.size() <= 8);
+  const auto hier = programs(64, 8, algo::hierarchical, std::size_t{1} << 22);  // pieces divide evenly
+  for (std::size_t r = 0; r < hier.size(); ++r) {
+    CHECK(hier[r] == hier[r % 8]);
+    if (r < 8 && r > 0) CHECK(hier[r] != hier[0]);
+  }
+}
+
 TEST_CASE("a simulation is deterministic") {
   const sim_network net = network_of(sim_network::nodes_of(12, 3), 3e-6, 2e-10, 1e-10);
   const sim_call call{.kind = collective::all_reduce, .algorithm = algo::hierarchical, .count = 123457};

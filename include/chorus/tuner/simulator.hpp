@@ -93,8 +93,9 @@ struct sim_port {
 /// happens at the simulated time it is made, so ports are shared first come first served.
 class sim_engine {
  public:
-  sim_engine(const sim_network& net, std::vector<sim_program> programs)
-      : net_(net), progs_(std::move(programs)) {
+  /// `programs` holds each distinct program once; rank r runs programs[program_of[r]].
+  sim_engine(const sim_network& net, std::vector<sim_program> programs, std::vector<std::uint32_t> program_of)
+      : net_(net), progs_(std::move(programs)), prog_of_(std::move(program_of)) {
     const int n = net.size();
     ranks_.resize(static_cast<std::size_t>(n));
     int nodes = 0;
@@ -116,7 +117,7 @@ class sim_engine {
     const int leaves = net.nodes_per_leaf > 0 ? (nodes + net.nodes_per_leaf - 1) / net.nodes_per_leaf : 0;
     up_.resize(static_cast<std::size_t>(leaves));
     down_.resize(static_cast<std::size_t>(leaves));
-    for (int r = 0; r < n; ++r) ranks_[static_cast<std::size_t>(r)].cur.emplace(progs_[static_cast<std::size_t>(r)]);
+    for (int r = 0; r < n; ++r) ranks_[static_cast<std::size_t>(r)].cur.emplace(prog(r));
     lookahead_ = std::clamp<std::uint64_t>((std::uint64_t{1} << 24) / static_cast<std::uint64_t>(std::max(1, n)), 256, 8192);
   }
 
@@ -148,15 +149,16 @@ class sim_engine {
     }
     for (int r = 0; r < n; ++r) {
       const rank_state& rs = ranks_[static_cast<std::size_t>(r)];
-      if (rs.base != progs_[static_cast<std::size_t>(r)].steps) {
+      const sim_program& p = prog(r);
+      if (rs.base != p.steps) {
         throw error(errc::invalid_argument,
                     "simulator: rank " + std::to_string(r) + " stopped at step " + std::to_string(rs.base) +
-                        " of " + std::to_string(progs_[static_cast<std::size_t>(r)].steps) + " (deadlock)");
+                        " of " + std::to_string(p.steps) + " (deadlock)");
       }
       result_.seconds = std::max(result_.seconds, rs.finished);
-      result_.steps += progs_[static_cast<std::size_t>(r)].steps;
-      result_.messages += progs_[static_cast<std::size_t>(r)].messages;
-      result_.bytes += progs_[static_cast<std::size_t>(r)].sent_bytes;
+      result_.steps += p.steps;
+      result_.messages += p.messages;
+      result_.bytes += p.sent_bytes;
     }
     return result_;
   }
@@ -274,7 +276,7 @@ class sim_engine {
 
   /// Whether a slice of `bytes` from `from` to `to` is read in place by the receiver.
   bool pulled(int from, int to, std::uint64_t bytes) const {
-    return net_.intra_pulls && progs_[static_cast<std::size_t>(from)].expose && bytes >= net_.pull_min_bytes &&
+    return net_.intra_pulls && prog(from).expose && bytes >= net_.pull_min_bytes &&
            net_.node_of[static_cast<std::size_t>(from)] == net_.node_of[static_cast<std::size_t>(to)];
   }
 
@@ -335,18 +337,18 @@ class sim_engine {
   }
 
   void discover(int r, rank_state& rs) {
-    const std::uint64_t total = progs_[static_cast<std::size_t>(r)].steps;
+    const std::uint64_t total = prog(r).steps;
     while (rs.frontier < total && rs.frontier - rs.base < lookahead_) {
       step_rt s;
       s.st = &rs.cur->get();
       rs.cur->next();
       const std::uint64_t i = rs.frontier++;
       rs.live.push_back(s);
-      if (s.st->send_peer >= 0) rs.peers[s.st->send_peer].sends.push_back(i);
+      if (s.st->send_peer >= 0) rs.peers[peer_at(r, s.st->send_peer)].sends.push_back(i);
       if (s.st->action == recv_action::copy) {
         rs.copies.push_back(i);
       } else if (s.st->action != recv_action::none) {
-        rs.peers[s.st->recv_peer].recvs.push_back(i);
+        rs.peers[peer_at(r, s.st->recv_peer)].recvs.push_back(i);
       }
     }
   }
@@ -394,7 +396,7 @@ class sim_engine {
   bool serve_peer(int r, rank_state& rs, int peer, peer_rt& ps, double now) {
     bool moved = false;
     // Sends: the first step with slices left, while the window has room and data is ready.
-    const std::size_t window = progs_[static_cast<std::size_t>(r)].expose
+    const std::size_t window = prog(r).expose
                                    ? std::max(net_.exec.window, executor::exposed_window)
                                    : net_.exec.window;
     while (!ps.sends.empty() && ps.in_flight < window) {
@@ -448,6 +450,10 @@ class sim_engine {
 
   const sim_network& net_;
   std::vector<sim_program> progs_;
+  std::vector<std::uint32_t> prog_of_;
+  const sim_program& prog(int r) const { return progs_[prog_of_[static_cast<std::size_t>(r)]]; }
+  /// The rank a step's peer (counted from r) is.
+  int peer_at(int r, int rel) const { return (r + rel) % net_.size(); }
   std::vector<rank_state> ranks_;
   sim_port& core(int rank) { return cpu_[static_cast<std::size_t>(core_of_[static_cast<std::size_t>(rank)])]; }
 
@@ -485,18 +491,32 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
   ids.reserve(static_cast<std::size_t>(n));
   for (int v : net.node_of) ids.push_back(std::to_string(v));
   topology topo = topology::from_ids(0, ids);
+  // Ranks whose programs are equal (every rank of a ring; the same local rank of every node
+  // when the pieces divide evenly) share one: at 16,384 ranks, kept per rank, the programs
+  // alone would not fit in memory.
   std::vector<detail::sim_program> progs;
-  progs.reserve(static_cast<std::size_t>(n));
+  std::vector<std::uint32_t> program_of(static_cast<std::size_t>(n));
+  std::unordered_map<std::size_t, std::vector<std::uint32_t>> alike;  // by hash
   for (int r = 0; r < n; ++r) {
     topo.rank = r;
     const schedule s = build_schedule(topo, {.kind = call.kind,
                                              .algorithm = call.algorithm,
                                              .count = call.count,
                                              .root = rooted(call.kind) ? call.root : -1});
-    progs.push_back(detail::make_program(s, call.count, call.elem_size, net.exec, call.in_place));
-    progs.back().expose = detail::exposes_sends(call.kind, call.algorithm);
+    detail::sim_program p = detail::make_program(s, call.count, call.elem_size, net.exec, call.in_place);
+    p.expose = detail::exposes_sends(call.kind, call.algorithm);
+    auto& same_hash = alike[detail::hash_of(p)];
+    const auto found = std::find_if(same_hash.begin(), same_hash.end(),
+                                    [&](std::uint32_t i) { return progs[i] == p; });
+    if (found != same_hash.end()) {
+      program_of[static_cast<std::size_t>(r)] = *found;
+      continue;
+    }
+    program_of[static_cast<std::size_t>(r)] = static_cast<std::uint32_t>(progs.size());
+    same_hash.push_back(static_cast<std::uint32_t>(progs.size()));
+    progs.push_back(std::move(p));
   }
-  detail::sim_engine e(net, std::move(progs));
+  detail::sim_engine e(net, std::move(progs), std::move(program_of));
   return e.run();
 }
 
