@@ -6,8 +6,10 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <new>
+#include <thread>
 
 namespace chorus::test {
 
@@ -28,6 +30,12 @@ class shared_counters {
   shared_counters& operator=(const shared_counters&) = delete;
 
   std::atomic<int>& operator[](std::size_t i) { return c_[i]; }
+
+  /// Waits until counter `i` reaches `n`, at most 10 s (so a rank that never gets there
+  /// cannot hang the test); sleeps between looks, for ranks that outnumber the cores.
+  void wait_for(std::size_t i, int n) {
+    for (int k = 0; k < 1000 && c_[i] < n; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 
  private:
   std::size_t bytes() const { return n_ * sizeof(std::atomic<int>); }

@@ -296,7 +296,7 @@ TEST_CASE("a communicator destroyed after a failure leaves no thread, descriptor
             // call still in flight (a clean-clone CI run met it: rank 1 reported rank 3
             // failed and rank 0's first all_reduce ended in that error). So it dies once
             // every rank is past the first all_reduce.
-            for (int i = 0; i < 1000 && ok[1] < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            ok.wait_for(1, 4);
             ::raise(SIGKILL);
           }
           RANK_CHECK(reduce_until_error(comm, 1 << 30).has_value());

@@ -392,7 +392,7 @@ TEST_CASE("a rank killed while its peers read its sends in place fails every sur
       // of theirs in flight (a clean-clone CI run met it: rank 2's first call failed). So
       // once every rank is past it, die as soon as our sends are offered, while the others
       // read them.
-      for (int i = 0; i < 1000 && past_first[0] < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      past_first.wait_for(0, 4);
       auto req = comm.all_reduce_async(std::span(v), {.algorithm = algo::direct});
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       ::raise(SIGKILL);
