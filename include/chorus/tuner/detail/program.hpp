@@ -88,28 +88,40 @@ struct sim_program {
   };
 };
 
-/// What make_program dedupes steps by: a hash of everything but the gates' contents.
+/// FNV-1a over 64-bit words, for the hashes below (heartbeat.hpp's fnv1a reads bytes; these
+/// structs have padding, so they are hashed field by field).
+struct word_hash {
+  std::uint64_t h = 0xcbf29ce484222325;
+  void add(std::uint64_t v) { h = (h ^ v) * 0x100000001b3; }
+};
+
+/// What make_program dedupes steps by.
 struct sim_step_hash {
   std::size_t operator()(const sim_step& x) const noexcept {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(static_cast<std::uint32_t>(x.send_peer));
-    mix(static_cast<std::uint32_t>(x.recv_peer));
-    mix(static_cast<std::uint64_t>(x.action));
-    mix(x.send_bytes);
-    mix(x.recv_bytes);
-    mix(x.unit);
-    for (const sim_gate& g : x.gates) mix(g.rel ^ (static_cast<std::uint64_t>(g.delta) << 20) ^ (g.bytes << 7));
-    return static_cast<std::size_t>(h);
+    word_hash w;
+    for (std::uint64_t v : {std::uint64_t{static_cast<std::uint32_t>(x.send_peer)},
+                            std::uint64_t{static_cast<std::uint32_t>(x.recv_peer)},
+                            static_cast<std::uint64_t>(x.action), x.send_bytes, x.recv_bytes, x.unit}) {
+      w.add(v);
+    }
+    for (const sim_gate& g : x.gates) {
+      w.add(g.rel);
+      w.add(static_cast<std::uint64_t>(g.delta));
+      w.add(g.bytes);
+    }
+    return static_cast<std::size_t>(w.h);
   }
 };
 
 /// A hash of a whole program, to find ranks that can share one.
 inline std::size_t hash_of(const sim_program& p) {
-  std::uint64_t h = p.steps * 31 + p.sent_bytes + (p.expose ? 1 : 0);
-  for (const sim_step& x : p.distinct) h = h * 1099511628211ull ^ sim_step_hash{}(x);
-  for (const sim_program::run& r : p.runs) h = h * 1099511628211ull ^ (std::uint64_t{r.step} << 32 | r.count);
-  return static_cast<std::size_t>(h);
+  word_hash w;
+  w.add(p.steps);
+  w.add(p.sent_bytes);
+  w.add(p.expose ? 1 : 0);
+  for (const sim_step& x : p.distinct) w.add(sim_step_hash{}(x));
+  for (const sim_program::run& r : p.runs) w.add(std::uint64_t{r.step} << 32 | r.count);
+  return static_cast<std::size_t>(w.h);
 }
 
 /// Builds the program of schedule `s` (for a call of `count` elements of `elem_size` bytes) as
