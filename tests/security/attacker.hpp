@@ -29,6 +29,13 @@
 //     it may still have been waiting, bounds its accept from below; the job's own
 //     connections in the queue can only make that bound later (a shorter measured close),
 //     never earlier.
+//  6. A handshake can complete on the attacker's side only: when the server drops its last
+//     ACK (a listen drop) and its listener then closes, the kernel forgets the half-made
+//     connection without a reset, and a connection that sends nothing never learns. So a
+//     connection still open 1 s after its listener went is looked up on the server's side
+//     (sock_diag, the exact address pair); where the kernel holds no socket there, not even
+//     a half-made one, it is recorded as orphaned and closed. A socket a rank accepted and
+//     kept is found by that lookup and stays open, to be reported.
 #pragma once
 
 #include <arpa/inet.h>
@@ -144,6 +151,7 @@ struct attack_record {
     eof,        ///< the server closed it (FIN)
     reset,      ///< the server reset it (RST): closed with unread bytes, or its listener closed
     refused,    ///< the connect itself was refused: nothing was listening any more
+    orphaned,   ///< open on our side only: the server held no socket for it (design point 6)
     no_socket,  ///< the attacker could not make a socket (descriptors)
   };
   attack_kind kind = attack_kind::random_bytes;
@@ -266,21 +274,28 @@ class attacker {
     std::size_t queue;  // connections waiting to be accepted
   };
 
+  // A sock_diag request about IPv4 TCP sockets; the caller picks states and address.
+  struct diag_request {
+    nlmsghdr nlh;
+    inet_diag_req_v2 req;
+  };
+  static diag_request diag_request_for(int flags) {
+    diag_request msg{};
+    msg.nlh.nlmsg_len = sizeof msg;
+    msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    msg.nlh.nlmsg_flags = static_cast<std::uint16_t>(flags);
+    msg.req.sdiag_family = AF_INET;
+    msg.req.sdiag_protocol = IPPROTO_TCP;
+    return msg;
+  }
+
   // Every listening IPv4 TCP socket of this network namespace: a sock_diag dump, or
   // /proc/net/tcp where netlink is unavailable. Nothing when the dump broke off, so that a
   // listener is never taken for gone on a partial list.
   std::optional<std::vector<listening>> list_listeners() {
     std::vector<listening> out;
     if (diag_) {
-      struct {
-        nlmsghdr nlh;
-        inet_diag_req_v2 req;
-      } msg{};
-      msg.nlh.nlmsg_len = sizeof msg;
-      msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-      msg.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-      msg.req.sdiag_family = AF_INET;
-      msg.req.sdiag_protocol = IPPROTO_TCP;
+      diag_request msg = diag_request_for(NLM_F_REQUEST | NLM_F_DUMP);
       msg.req.idiag_states = 1u << 10;  // TCP_LISTEN
       if (::send(diag_.get(), &msg, sizeof msg, 0) == static_cast<ssize_t>(sizeof msg)) {
         alignas(nlmsghdr) char buf[32768];
@@ -323,6 +338,64 @@ class attacker {
       out.push_back(l);
     }
     return out;
+  }
+
+  // Whether the kernel holds a socket for the server's side of connection `l` to target t
+  // (accepted, waiting to be accepted, or half made): a sock_diag lookup of the exact
+  // address pair. Unknown (nullopt) when the lookup itself failed.
+  std::optional<bool> server_holds(const live& l, const attack_target& t) {
+    if (!diag_) return std::nullopt;
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    if (::getsockname(l.fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      return std::nullopt;
+    }
+    diag_request msg = diag_request_for(NLM_F_REQUEST);
+    msg.req.idiag_states = ~0u;
+    // The server's side: its address is the source, ours the destination.
+    msg.req.id.idiag_sport = t.addr.sin_port;
+    msg.req.id.idiag_dport = local.sin_port;
+    std::memcpy(&msg.req.id.idiag_src[0], &t.addr.sin_addr, 4);
+    std::memcpy(&msg.req.id.idiag_dst[0], &local.sin_addr, 4);
+    msg.req.id.idiag_cookie[0] = msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    if (::send(diag_.get(), &msg, sizeof msg, 0) != static_cast<ssize_t>(sizeof msg)) {
+      return std::nullopt;
+    }
+    alignas(nlmsghdr) char buf[8192];
+    ssize_t n;
+    do {
+      n = ::recv(diag_.get(), buf, sizeof buf, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < static_cast<ssize_t>(sizeof(nlmsghdr))) return std::nullopt;
+    const auto* h = reinterpret_cast<const nlmsghdr*>(buf);
+    if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
+      // A listener on that port answers a lookup that matches no connection: not ours.
+      const auto* m = reinterpret_cast<const inet_diag_msg*>(h + 1);
+      return m->idiag_state != 10;  // TCP_LISTEN
+    }
+    if (h->nlmsg_type == NLMSG_ERROR) {
+      const auto* e = reinterpret_cast<const nlmsgerr*>(h + 1);
+      if (e->error == -ENOENT) return false;
+    }
+    return std::nullopt;
+  }
+
+  // Design point 6: ends the connections whose listener has been gone a second and for which
+  // the server's kernel holds nothing.
+  void end_orphans(attack_clock::time_point now) {
+    if (now < next_orphan_check_) return;
+    next_orphan_check_ = now + std::chrono::milliseconds(250);
+    std::vector<live*> candidates;
+    for (auto& [key, l] : live_) {
+      const attack_target& t = targets_[records_[l->record].target];
+      if (!l->connecting && t.gone && now - *t.gone >= std::chrono::seconds(1)) {
+        candidates.push_back(l.get());
+      }
+    }
+    for (live* l : candidates) {
+      const attack_target& t = targets_[records_[l->record].target];
+      if (server_holds(*l, t) == false) end(*l, attack_record::ending::orphaned, now);
+    }
   }
 
   // The rank whose process holds socket `inode`, or -1.
@@ -841,8 +914,12 @@ class attacker {
     for (;;) {
       auto now = attack_clock::now();
       const bool stopping = stopping_.load(std::memory_order_acquire);
-      if (stopping && !give_up) give_up = now + finish_wait_;
+      if (stopping && !give_up) {
+        give_up = now + finish_wait_;
+        scan(now);  // which listeners went since the last scan, for end_orphans
+      }
       if (stopping && (live_.empty() || now >= *give_up)) return;
+      end_orphans(now);
       if (!stopping) {
         if (now >= next_scan) {
           scan(now);
@@ -918,6 +995,7 @@ class attacker {
   std::vector<capture> captures_;
   attack_clock::time_point next_store_wave_ = attack_clock::time_point::max();
   attack_clock::time_point next_store_burst_ = attack_clock::time_point::max();
+  attack_clock::time_point next_orphan_check_{};
 };
 
 }  // namespace chorus::test
