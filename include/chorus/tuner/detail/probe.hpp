@@ -54,14 +54,17 @@ inline double median(std::vector<double>& v) {
 /// Median seconds of one exchange of `bytes` each way with `partner` (both send, both
 /// receive, in one group), after a warm-up; with `single_copy`, each reads the other's send
 /// in place where the transport can (p2p_options::single_copy). Each exchange sends the next
-/// of `windows` consecutive stretches of `bytes` at `out`, round robin, the first round a
-/// warm-up (so memory is measured as a loop of collectives finds it: used before, but more
-/// than the caches hold).
+/// of `windows` consecutive stretches of `bytes` at `out`, round robin, the first two rounds
+/// a warm-up, so that memory and links are measured as a loop of collectives finds them. The
+/// first round faults the pages in (3.7 ms per 2 MiB here); in the second, TCP streams
+/// (each carrying every `conns`-th message) come up to speed after that slow start: with one
+/// round, the first timed exchanges of 2 TCP ranks took 1-1.7 ms against 0.45-0.6 ms later,
+/// and 6 of 10 launches measured 0.9-1.2 GB/s where the ring then moved 3.4.
 inline double probe_exchange(communicator& comm, int partner, std::byte* out, std::byte* in,
                              std::size_t bytes, int reps, bool single_copy = false,
                              std::size_t windows = 1) {
   std::vector<double> times;
-  const int warm = std::max(2, static_cast<int>(windows));
+  const int warm = std::max(2, 2 * static_cast<int>(windows));
   for (int i = -warm; i < reps; ++i) {
     const std::byte* from = out + static_cast<std::size_t>(i + warm) % windows * bytes;
     const auto t0 = clock::now();
@@ -195,8 +198,8 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
       alone = probe_exchange(comm, partner, out, in, small, 31);
-      tl = probe_exchange(comm, partner, stretches.data(), in, large, windows, false, windows);
-      if (!inter) tp = probe_exchange(comm, partner, stretches.data(), in, large, windows, true, windows);
+      tl = probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, false, windows);
+      if (!inter) tp = probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, true, windows);
     });
     if (partner < 0) continue;
     const double ts = shared_cores ? probe_exchange(comm, partner, out, in, small, 31) : alone;
