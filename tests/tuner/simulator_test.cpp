@@ -206,3 +206,59 @@ TEST_CASE("sends read in place cost their reader alone: a direct all_gather on o
   net.pull_min_bytes = std::size_t{1} << 30;
   CHECK(close(time_of(algo::direct), two_sided, 1e-12));
 }
+
+TEST_CASE("a folded simulation (one node or leaf for all) gives exactly what every rank simulated gives") {
+  int folded = 0, runs = 0;
+  for (int per_node : {4, 8}) {
+    for (int leaf : {0, 2}) {
+      sim_network net = network_of(sim_network::nodes_of(8 * per_node, per_node), 2e-6, 1e-10, 5e-11);
+      net.intra = {0.5e-6, 0.25e-10, 0.25e-10, 0.1e-6};
+      net.pull = {0.5e-6, 0, 0.5e-10, 0.1e-6};
+      net.intra_pulls = true;  // direct and hierarchical read in place inside a node
+      net.nodes_per_leaf = leaf;
+      net.oversubscription = 2;
+      net.cores_per_node = per_node / 2;  // ranks share cores too
+      for (int k = 0; k < collective_count; ++k) {
+        const auto c = static_cast<collective>(k);
+        if (c == collective::send_recv || c == collective::all_to_allv) continue;
+        for (algo a : algorithms_for(c)) {
+          // Divisible by every rank count here (the pieces of every rank alike) and not.
+          for (std::size_t count : {std::size_t{1000}, std::size_t{1} << 20}) {
+            CAPTURE(per_node);
+            CAPTURE(leaf);
+            CAPTURE(std::string(to_string(c)));
+            CAPTURE(std::string(to_string(a)));
+            CAPTURE(count);
+            const sim_call call{.kind = c, .algorithm = a, .count = count, .root = 0};
+            net.fold_above = 1 << 30;
+            const sim_result all = simulate(net, call);
+            net.fold_above = 0;
+            const sim_result fold = simulate(net, call);
+            CHECK(all.simulated == net.size());
+            CHECK(fold.seconds == all.seconds);
+            CHECK(fold.messages == all.messages);
+            CHECK(fold.bytes == all.bytes);
+            CHECK(fold.steps == all.steps);
+            if (fold.simulated < net.size()) {
+              ++folded;
+              CHECK(leaf == 0);  // fat trees never fold
+              CHECK(fold.simulated == per_node);
+            }
+            ++runs;
+          }
+        }
+      }
+    }
+  }
+  // Rings and hierarchical fold where the pieces divide evenly; the trees and recursive
+  // doubling never do (a rank's place in them is its own), nor direct exchanges across nodes.
+  MESSAGE(folded << " of " << runs << " simulations folded");
+  CHECK(folded >= 8);
+  // The ones the 16,384-rank tables need.
+  sim_network net = network_of(sim_network::nodes_of(64, 8), 2e-6, 1e-10, 5e-11);
+  net.fold_above = 0;
+  for (algo a : {algo::ring, algo::hierarchical}) {
+    CAPTURE(std::string(to_string(a)));
+    CHECK(simulate(net, {.kind = collective::all_reduce, .algorithm = a, .count = 1 << 20}).simulated == 8);
+  }
+}

@@ -6,7 +6,7 @@
 // Usage: chorus-sim --ranks N [--topology flat | nodes:M | fattree:M:L:O] [--collective C]
 //                   [--algo A,B,...] [-b BYTES] [-e BYTES] [-f FACTOR] [--root R] [--dtype T]
 //                   [--intra US:GBPS] [--pull US:GBPS] [--inter US:GBPS] [--reduce GBPS] [--copy GBPS]
-//                   [--costs FILE] [--cpu] [--json FILE]
+//                   [--costs FILE] [--cpu] [--fold-above N] [--json FILE]
 //
 //   $ chorus-sim --ranks 1024 --topology nodes:8 -b 1M -e 64M -f 64
 //   # chorus-sim: all_reduce, 1024 ranks (128 nodes x 8 ranks), ...
@@ -61,6 +61,7 @@ struct options {
   chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9, 1e-6};
   double reduce_s_per_byte = 1.0 / 20e9, copy_s_per_byte = 1.0 / 20e9;
   bool cpu = false;
+  int fold_above = 4096;
   std::string json;
 };
 
@@ -85,6 +86,9 @@ void help() {
       "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
       "  --cpu                  price inter-node transfers on the ranks' cores (TCP on one machine)\n"
       "  --cores C              each node's ranks share C cores (default: a core per rank)\n"
+      "  --fold-above N         above N ranks (4096), where every node runs what the first does\n"
+      "                         and receives from one other node, simulate only the first (0: at\n"
+      "                         any size)\n"
       "  --json FILE            also write the rows as JSON\n");
 }
 
@@ -224,6 +228,8 @@ options parse(int argc, char** argv) {
       if (f.copy_s_per_byte) o.copy_s_per_byte = *f.copy_s_per_byte;
     } else if (a == "--json") {
       o.json = v;
+    } else if (a == "--fold-above") {
+      o.fold_above = parse_int(a, v, 0, 1 << 30);
     } else {
       throw usage_error("unknown flag '" + std::string(a) + "' (see --help)");
     }
@@ -306,6 +312,7 @@ int main(int argc, char** argv) {
   net.cores_per_node = o.cores < o.per_node ? o.cores : 0;
   net.reduce_s_per_byte = o.reduce_s_per_byte;
   net.copy_s_per_byte = o.copy_s_per_byte;
+  net.fold_above = o.fold_above;
   const std::size_t es = chorus::size_of(o.type);
   const int nodes = (o.ranks + o.per_node - 1) / o.per_node;
 
@@ -328,6 +335,7 @@ int main(int argc, char** argv) {
   std::printf("  %s\n", "best");
 
   std::string json = "[";
+  int folded = 0, runs = 0, fold_ranks = 0;
   const double bus = bus_factor(o.kind, o.ranks);
   for (std::size_t bytes = o.min_bytes;;) {
     const std::size_t count = count_for(o.kind, bytes, es, o.ranks);
@@ -340,6 +348,11 @@ int main(int argc, char** argv) {
           net, {.kind = o.kind, .algorithm = a, .count = count, .elem_size = es, .root = o.root});
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double busbw = r.seconds > 0 ? static_cast<double>(bytes) / r.seconds * bus / 1e9 : 0;
+      ++runs;
+      if (r.simulated < o.ranks) {
+        ++folded;
+        fold_ranks = r.simulated;
+      }
       std::printf("  %10.1f|%7.2f", r.seconds * 1e6, busbw);
       std::fflush(stdout);
       if (best == 0 || r.seconds < best) {
@@ -349,16 +362,22 @@ int main(int argc, char** argv) {
       char row[320];
       std::snprintf(row, sizeof row,
                     "%s{\"size\": %zu, \"count\": %zu, \"algo\": \"%s\", \"time_us\": %.3f, \"busbw\": %.4f, "
-                    "\"messages\": %llu, \"events\": %llu, \"sim_seconds\": %.3f}",
+                    "\"messages\": %llu, \"events\": %llu, \"simulated\": %d, \"compared\": %d, "
+                    "\"sim_seconds\": %.3f}",
                     json.size() > 1 ? ",\n " : "", bytes, count, std::string(chorus::to_string(a)).c_str(),
                     r.seconds * 1e6, busbw, static_cast<unsigned long long>(r.messages),
-                    static_cast<unsigned long long>(r.events), wall);
+                    static_cast<unsigned long long>(r.events), r.simulated, r.compared, wall);
       json += row;
     }
     std::printf("  %s\n", std::string(chorus::to_string(best_algo)).c_str());
     if (bytes >= o.max_bytes) break;
     const auto next = static_cast<std::size_t>(static_cast<double>(bytes) * o.factor);
     bytes = std::min(o.max_bytes, std::max(next, bytes + 1));
+  }
+  if (folded > 0) {
+    std::printf("# folded: %d of %d simulations ran %d ranks for all %d (every node's programs those of "
+                "the first)\n",
+                folded, runs, fold_ranks, o.ranks);
   }
   json += "]\n";
   if (!o.json.empty()) {
