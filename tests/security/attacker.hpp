@@ -274,16 +274,19 @@ class attacker {
     std::size_t queue;  // connections waiting to be accepted
   };
 
-  // A sock_diag request about IPv4 TCP sockets; the caller picks states and address.
+  // A sock_diag request about IPv4 TCP sockets; the caller picks states and address. Each
+  // has its own sequence number, and replies to others (what a dump broken off early left
+  // behind) are skipped.
   struct diag_request {
     nlmsghdr nlh;
     inet_diag_req_v2 req;
   };
-  static diag_request diag_request_for(int flags) {
+  diag_request diag_request_for(int flags) {
     diag_request msg{};
     msg.nlh.nlmsg_len = sizeof msg;
     msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
     msg.nlh.nlmsg_flags = static_cast<std::uint16_t>(flags);
+    msg.nlh.nlmsg_seq = ++diag_seq_;
     msg.req.sdiag_family = AF_INET;
     msg.req.sdiag_protocol = IPPROTO_TCP;
     return msg;
@@ -309,6 +312,7 @@ class attacker {
             const auto* h = reinterpret_cast<const nlmsghdr*>(buf + at);
             if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return std::nullopt;
             at += NLMSG_ALIGN(h->nlmsg_len);
+            if (h->nlmsg_seq != msg.nlh.nlmsg_seq) continue;  // an earlier request's
             if (h->nlmsg_type == NLMSG_DONE) return out;
             if (h->nlmsg_type == NLMSG_ERROR) return std::nullopt;
             const auto* m = reinterpret_cast<const inet_diag_msg*>(h + 1);
@@ -362,22 +366,28 @@ class attacker {
       return std::nullopt;
     }
     alignas(nlmsghdr) char buf[8192];
-    ssize_t n;
-    do {
-      n = ::recv(diag_.get(), buf, sizeof buf, 0);
-    } while (n < 0 && errno == EINTR);
-    if (n < static_cast<ssize_t>(sizeof(nlmsghdr))) return std::nullopt;
-    const auto* h = reinterpret_cast<const nlmsghdr*>(buf);
-    if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
-      // A listener on that port answers a lookup that matches no connection: not ours.
-      const auto* m = reinterpret_cast<const inet_diag_msg*>(h + 1);
-      return m->idiag_state != 10;  // TCP_LISTEN
+    for (;;) {
+      const ssize_t n = ::recv(diag_.get(), buf, sizeof buf, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < static_cast<ssize_t>(sizeof(nlmsghdr))) return std::nullopt;
+      const auto got = static_cast<std::size_t>(n);
+      for (std::size_t at = 0; at + sizeof(nlmsghdr) <= got;) {
+        const auto* h = reinterpret_cast<const nlmsghdr*>(buf + at);
+        if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return std::nullopt;
+        at += NLMSG_ALIGN(h->nlmsg_len);
+        if (h->nlmsg_seq != msg.nlh.nlmsg_seq) continue;  // an earlier request's
+        if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY && h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+          // A listener on that port answers a lookup that matches no connection: not ours.
+          const auto* m = reinterpret_cast<const inet_diag_msg*>(h + 1);
+          return m->idiag_state != 10;  // TCP_LISTEN
+        }
+        if (h->nlmsg_type == NLMSG_ERROR && h->nlmsg_len >= NLMSG_LENGTH(sizeof(nlmsgerr))) {
+          const auto* e = reinterpret_cast<const nlmsgerr*>(h + 1);
+          if (e->error == -ENOENT) return false;
+        }
+        return std::nullopt;
+      }
     }
-    if (h->nlmsg_type == NLMSG_ERROR) {
-      const auto* e = reinterpret_cast<const nlmsgerr*>(h + 1);
-      if (e->error == -ENOENT) return false;
-    }
-    return std::nullopt;
   }
 
   // Design point 6: ends the connections whose listener has been gone a second and for which
@@ -996,6 +1006,7 @@ class attacker {
   attack_clock::time_point next_store_wave_ = attack_clock::time_point::max();
   attack_clock::time_point next_store_burst_ = attack_clock::time_point::max();
   attack_clock::time_point next_orphan_check_{};
+  std::uint32_t diag_seq_ = 0;
 };
 
 }  // namespace chorus::test

@@ -207,7 +207,7 @@ TEST_CASE("sends read in place cost their reader alone: a direct all_gather on o
   CHECK(close(time_of(algo::direct), two_sided, 1e-12));
 }
 
-TEST_CASE("a folded simulation (one node or leaf for all) gives exactly what every rank simulated gives") {
+TEST_CASE("a folded simulation (one node for all) gives exactly what every rank simulated gives") {
   int folded = 0, runs = 0;
   for (int per_node : {4, 8}) {
     for (int leaf : {0, 2}) {

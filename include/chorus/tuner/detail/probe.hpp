@@ -56,10 +56,10 @@ inline double median(std::vector<double>& v) {
 /// in place where the transport can (p2p_options::single_copy). Each exchange sends the next
 /// of `windows` consecutive stretches of `bytes` at `out`, round robin, the first two rounds
 /// a warm-up, so that memory and links are measured as a loop of collectives finds them. The
-/// first round faults the pages in (3.7 ms per 2 MiB here); in the second, TCP streams
-/// (each carrying every `conns`-th message) come up to speed after that slow start: with one
-/// round, the first timed exchanges of 2 TCP ranks took 1-1.7 ms against 0.45-0.6 ms later,
-/// and 6 of 10 launches measured 0.9-1.2 GB/s where the ring then moved 3.4.
+/// first round faults the pages in (3.7 ms per 2 MiB here); in the second, TCP streams (each
+/// carrying every CHORUS_TCP_CONNS-th message) come up to speed after that slow start: with
+/// one round, the first timed exchanges of 2 TCP ranks took 1-1.7 ms against 0.45-0.6 ms
+/// later, and 6 of 10 launches measured 0.9-1.2 GB/s where the ring then moved 3.4.
 inline double probe_exchange(communicator& comm, int partner, std::byte* out, std::byte* in,
                              std::size_t bytes, int reps, bool single_copy = false,
                              std::size_t windows = 1) {
@@ -209,10 +209,10 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     const std::size_t k = inter ? 4 : 0;
     sum[k] += std::max(0.0, ts - 2 * o);
     // On a machine too busy to tell (the small exchange's median as long as the large one's:
-    // seen once in tuner_test beside two simulations), the whole large exchange bounds the
-    // bytes' cost from above; 0 would make them free.
+    // seen once in tuner_test beside two simulations) the difference says nothing, and 0
+    // would make bytes free: at least half of the large exchange is taken to be its bytes'.
     auto beyond_small = [&](double large_time) {
-      return (large_time > alone ? large_time - alone : large_time) / static_cast<double>(large - small);
+      return std::max(large_time - alone, large_time / 2) / static_cast<double>(large - small);
     };
     sum[k + 1] += beyond_small(tl);
     sum[k + 2] += o;
