@@ -301,28 +301,22 @@ class attacker {
       diag_request msg = diag_request_for(NLM_F_REQUEST | NLM_F_DUMP);
       msg.req.idiag_states = 1u << 10;  // TCP_LISTEN
       if (::send(diag_.get(), &msg, sizeof msg, 0) == static_cast<ssize_t>(sizeof msg)) {
-        alignas(nlmsghdr) char buf[32768];
-        for (;;) {
-          ssize_t n = ::recv(diag_.get(), buf, sizeof buf, 0);
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) return std::nullopt;
-          const auto got = static_cast<std::size_t>(n);
-          // NLMSG_OK/NLMSG_NEXT by hand: the macros mix signed and unsigned.
-          for (std::size_t at = 0; at + sizeof(nlmsghdr) <= got;) {
-            const auto* h = reinterpret_cast<const nlmsghdr*>(buf + at);
-            if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return std::nullopt;
-            at += NLMSG_ALIGN(h->nlmsg_len);
-            if (h->nlmsg_seq != msg.nlh.nlmsg_seq) continue;  // an earlier request's
-            if (h->nlmsg_type == NLMSG_DONE) return out;
-            if (h->nlmsg_type == NLMSG_ERROR) return std::nullopt;
-            const auto* m = reinterpret_cast<const inet_diag_msg*>(h + 1);
-            listening l{m->idiag_inode, {}, m->idiag_rqueue};
-            l.addr.sin_family = AF_INET;
-            l.addr.sin_port = m->id.idiag_sport;
-            std::memcpy(&l.addr.sin_addr, &m->id.idiag_src[0], 4);
-            out.push_back(l);
+        bool done = false;
+        diag_replies(msg, [&](const nlmsghdr& h) {
+          done = h.nlmsg_type == NLMSG_DONE;
+          if (h.nlmsg_type != SOCK_DIAG_BY_FAMILY || h.nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+            return false;  // the end, an error, or a reply too short
           }
-        }
+          const auto* m = reinterpret_cast<const inet_diag_msg*>(&h + 1);
+          listening l{m->idiag_inode, {}, m->idiag_rqueue};
+          l.addr.sin_family = AF_INET;
+          l.addr.sin_port = m->id.idiag_sport;
+          std::memcpy(&l.addr.sin_addr, &m->id.idiag_src[0], 4);
+          out.push_back(l);
+          return true;
+        });
+        if (!done) return std::nullopt;
+        return out;
       }
     }
     std::ifstream in("/proc/net/tcp");
@@ -365,27 +359,37 @@ class attacker {
     if (::send(diag_.get(), &msg, sizeof msg, 0) != static_cast<ssize_t>(sizeof msg)) {
       return std::nullopt;
     }
-    alignas(nlmsghdr) char buf[8192];
+    std::optional<bool> holds;
+    diag_replies(msg, [&](const nlmsghdr& h) {
+      if (h.nlmsg_type == SOCK_DIAG_BY_FAMILY && h.nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+        // A listener on that port answers a lookup that matches no connection: not ours.
+        holds = reinterpret_cast<const inet_diag_msg*>(&h + 1)->idiag_state != 10;  // TCP_LISTEN
+      } else if (h.nlmsg_type == NLMSG_ERROR && h.nlmsg_len >= NLMSG_LENGTH(sizeof(nlmsgerr)) &&
+                 reinterpret_cast<const nlmsgerr*>(&h + 1)->error == -ENOENT) {
+        holds = false;
+      }
+      return false;  // one reply answers a lookup
+    });
+    return holds;
+  }
+
+  // Hands each reply to request `msg` to `reply` until it returns false; replies to other
+  // requests are skipped. Stops early where the socket fails or a reply is malformed.
+  template <class F>
+  void diag_replies(const diag_request& msg, F&& reply) {
+    alignas(nlmsghdr) char buf[32768];
     for (;;) {
       const ssize_t n = ::recv(diag_.get(), buf, sizeof buf, 0);
       if (n < 0 && errno == EINTR) continue;
-      if (n < static_cast<ssize_t>(sizeof(nlmsghdr))) return std::nullopt;
+      if (n <= 0) return;
       const auto got = static_cast<std::size_t>(n);
+      // NLMSG_OK/NLMSG_NEXT by hand: the macros mix signed and unsigned.
       for (std::size_t at = 0; at + sizeof(nlmsghdr) <= got;) {
         const auto* h = reinterpret_cast<const nlmsghdr*>(buf + at);
-        if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return std::nullopt;
+        if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return;
         at += NLMSG_ALIGN(h->nlmsg_len);
         if (h->nlmsg_seq != msg.nlh.nlmsg_seq) continue;  // an earlier request's
-        if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY && h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
-          // A listener on that port answers a lookup that matches no connection: not ours.
-          const auto* m = reinterpret_cast<const inet_diag_msg*>(h + 1);
-          return m->idiag_state != 10;  // TCP_LISTEN
-        }
-        if (h->nlmsg_type == NLMSG_ERROR && h->nlmsg_len >= NLMSG_LENGTH(sizeof(nlmsgerr))) {
-          const auto* e = reinterpret_cast<const nlmsgerr*>(h + 1);
-          if (e->error == -ENOENT) return false;
-        }
-        return std::nullopt;
+        if (!reply(*h)) return;
       }
     }
   }
