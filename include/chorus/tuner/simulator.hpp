@@ -204,6 +204,10 @@ class sim_engine {
     std::uint32_t in_flight = 0;
     std::deque<arrival> arrived;  // slices the peer sent us, in its order
     bool idle() const { return sends.empty() && recvs.empty() && in_flight == 0 && arrived.empty(); }
+    /// The earliest step with this peer still listed (none: after every step).
+    std::uint64_t first_step() const {
+      return std::min(sends.empty() ? none : sends.front(), recvs.empty() ? none : recvs.front());
+    }
   };
   /// The peers a rank has business with now. Few at a time for every algorithm (all-to-all's
   /// are bounded by the lookahead), so a list searched linearly, with idle peers dropped,
@@ -407,12 +411,15 @@ class sim_engine {
         rs.copies.pop_front();
         moved = true;
       }
-      // Peers in the order of their distance, not of when they became busy: which of two
-      // peers is served first (a send posted before a receive is taken, or after) must not
-      // depend on which rank the engine happened to visit first at one simulated time.
-      const auto nearer = [](const peer_rt& a, const peer_rt& b) { return a.rel < b.rel; };
-      if (!std::is_sorted(rs.peers.v.begin(), rs.peers.v.end(), nearer)) {
-        std::sort(rs.peers.v.begin(), rs.peers.v.end(), nearer);
+      // Peers in schedule order (the earliest step each has waiting, then distance), as
+      // the executor takes its steps, not in the order they became busy: which of two peers
+      // is served first (a send posted before a receive is taken, or after) must not depend
+      // on which rank the engine happened to visit first at one simulated time.
+      const auto sooner = [](const peer_rt& a, const peer_rt& b) {
+        return std::pair(a.first_step(), a.rel) < std::pair(b.first_step(), b.rel);
+      };
+      if (!std::is_sorted(rs.peers.v.begin(), rs.peers.v.end(), sooner)) {
+        std::sort(rs.peers.v.begin(), rs.peers.v.end(), sooner);
       }
       // serve_peer may add peers to lists (folded, ours too): indices, not iterators.
       for (std::size_t j = 0; j < rs.peers.v.size(); ++j) {
