@@ -598,7 +598,14 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
   ids.reserve(static_cast<std::size_t>(n));
   for (int v : net.node_of) ids.push_back(std::to_string(v));
   topology topo = topology::from_ids(0, ids);
-  auto build = [&](int r) {
+  // Ranks whose programs are equal (every rank of a ring; the same local rank of every node
+  // when the pieces divide evenly) share one: at 16,384 ranks, kept per rank, the programs
+  // alone would not fit in memory.
+  std::vector<detail::sim_program> progs;
+  constexpr std::uint32_t unbuilt = std::numeric_limits<std::uint32_t>::max();
+  std::vector<std::uint32_t> program_of(static_cast<std::size_t>(n), unbuilt);
+  std::unordered_map<std::size_t, std::vector<std::uint32_t>> alike;  // by hash
+  auto add = [&](int r) {  // builds rank r's program, or finds an equal one
     topo.rank = r;
     const schedule s = build_schedule(topo, {.kind = call.kind,
                                              .algorithm = call.algorithm,
@@ -606,16 +613,6 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
                                              .root = rooted(call.kind) ? call.root : -1});
     detail::sim_program p = detail::make_program(s, call.count, call.elem_size, net.exec, call.in_place);
     p.expose = detail::exposes_sends(call.kind, call.algorithm);
-    return p;
-  };
-  // Ranks whose programs are equal (every rank of a ring; the same local rank of every node
-  // when the pieces divide evenly) share one: at 16,384 ranks, kept per rank, the programs
-  // alone would not fit in memory.
-  std::vector<detail::sim_program> progs;
-  std::vector<std::uint32_t> program_of(static_cast<std::size_t>(n));
-  std::unordered_map<std::size_t, std::vector<std::uint32_t>> alike;  // by hash
-  auto add = [&](int r) {
-    detail::sim_program p = build(r);
     auto& same_hash = alike[detail::hash_of(p)];
     const auto found = std::find_if(same_hash.begin(), same_hash.end(),
                                     [&](std::uint32_t i) { return progs[i] == p; });
@@ -651,17 +648,22 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
     }
     if (from.size() > 1) simulated = n;
   }
+  // Programs compared are kept (equal ones share an index), so that a fold refused builds
+  // none of them twice.
   if (simulated < n) {
     for (int r : detail::fold_checks(n, unit)) {
       ++compared;
-      if (!(build(r) == progs[program_of[static_cast<std::size_t>(r % unit)]])) {
+      add(r);
+      if (program_of[static_cast<std::size_t>(r)] != program_of[static_cast<std::size_t>(r % unit)]) {
         simulated = n;
         break;
       }
     }
   }
   if (simulated == n) {
-    for (int r = unit; r < n; ++r) add(r);
+    for (int r = unit; r < n; ++r) {
+      if (program_of[static_cast<std::size_t>(r)] == unbuilt) add(r);
+    }
   }
   program_of.resize(static_cast<std::size_t>(simulated));
   detail::sim_engine e(net, std::move(progs), std::move(program_of), simulated);
