@@ -300,24 +300,21 @@ class attacker {
     if (diag_) {
       diag_request msg = diag_request_for(NLM_F_REQUEST | NLM_F_DUMP);
       msg.req.idiag_states = 1u << 10;  // TCP_LISTEN
-      if (::send(diag_.get(), &msg, sizeof msg, 0) == static_cast<ssize_t>(sizeof msg)) {
-        bool done = false;
-        diag_replies(msg, [&](const nlmsghdr& h) {
-          done = h.nlmsg_type == NLMSG_DONE;
-          if (h.nlmsg_type != SOCK_DIAG_BY_FAMILY || h.nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) {
-            return false;  // the end, an error, or a reply too short
-          }
-          const auto* m = reinterpret_cast<const inet_diag_msg*>(&h + 1);
-          listening l{m->idiag_inode, {}, m->idiag_rqueue};
-          l.addr.sin_family = AF_INET;
-          l.addr.sin_port = m->id.idiag_sport;
-          std::memcpy(&l.addr.sin_addr, &m->id.idiag_src[0], 4);
-          out.push_back(l);
-          return true;
-        });
-        if (!done) return std::nullopt;
-        return out;
-      }
+      bool done = false;
+      const bool asked = diag_ask(msg, [&](const nlmsghdr& h) {
+        done = h.nlmsg_type == NLMSG_DONE;
+        if (h.nlmsg_type != SOCK_DIAG_BY_FAMILY || h.nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+          return false;  // the end, an error, or a reply too short
+        }
+        const auto* m = reinterpret_cast<const inet_diag_msg*>(&h + 1);
+        listening l{m->idiag_inode, {}, m->idiag_rqueue};
+        l.addr.sin_family = AF_INET;
+        l.addr.sin_port = m->id.idiag_sport;
+        std::memcpy(&l.addr.sin_addr, &m->id.idiag_src[0], 4);
+        out.push_back(l);
+        return true;
+      });
+      if (asked) return done ? std::optional(out) : std::nullopt;
     }
     std::ifstream in("/proc/net/tcp");
     std::string line;
@@ -356,11 +353,8 @@ class attacker {
     std::memcpy(&msg.req.id.idiag_src[0], &t.addr.sin_addr, 4);
     std::memcpy(&msg.req.id.idiag_dst[0], &local.sin_addr, 4);
     msg.req.id.idiag_cookie[0] = msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-    if (::send(diag_.get(), &msg, sizeof msg, 0) != static_cast<ssize_t>(sizeof msg)) {
-      return std::nullopt;
-    }
     std::optional<bool> holds;
-    diag_replies(msg, [&](const nlmsghdr& h) {
+    diag_ask(msg, [&](const nlmsghdr& h) {
       if (h.nlmsg_type == SOCK_DIAG_BY_FAMILY && h.nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
         // A listener on that port answers a lookup that matches no connection: not ours.
         holds = reinterpret_cast<const inet_diag_msg*>(&h + 1)->idiag_state != 10;  // TCP_LISTEN
@@ -373,23 +367,25 @@ class attacker {
     return holds;
   }
 
-  // Hands each reply to request `msg` to `reply` until it returns false; replies to other
-  // requests are skipped. Stops early where the socket fails or a reply is malformed.
+  // Sends request `msg` and hands each reply to it to `reply` until that returns false;
+  // replies to other requests are skipped. Stops early where the socket fails or a reply is
+  // malformed. False when the request could not be sent.
   template <class F>
-  void diag_replies(const diag_request& msg, F&& reply) {
+  bool diag_ask(const diag_request& msg, F&& reply) {
+    if (::send(diag_.get(), &msg, sizeof msg, 0) != static_cast<ssize_t>(sizeof msg)) return false;
     alignas(nlmsghdr) char buf[32768];
     for (;;) {
       const ssize_t n = ::recv(diag_.get(), buf, sizeof buf, 0);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;
+      if (n <= 0) return true;
       const auto got = static_cast<std::size_t>(n);
       // NLMSG_OK/NLMSG_NEXT by hand: the macros mix signed and unsigned.
       for (std::size_t at = 0; at + sizeof(nlmsghdr) <= got;) {
         const auto* h = reinterpret_cast<const nlmsghdr*>(buf + at);
-        if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return;
+        if (h->nlmsg_len < sizeof(nlmsghdr) || at + h->nlmsg_len > got) return true;
         at += NLMSG_ALIGN(h->nlmsg_len);
         if (h->nlmsg_seq != msg.nlh.nlmsg_seq) continue;  // an earlier request's
-        if (!reply(*h)) return;
+        if (!reply(*h)) return true;
       }
     }
   }
