@@ -61,6 +61,8 @@ struct options {
   chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9, 1e-6};
   double reduce_s_per_byte = 1.0 / 20e9, copy_s_per_byte = 1.0 / 20e9;
   bool cpu = false;
+  bool pulls = true;
+  chorus::executor_options exec{};
   int fold_above = 4096;
   std::string json;
 };
@@ -84,7 +86,12 @@ void help() {
       "  --inter US:GBPS[:O]    between nodes: latency, the node NIC's GB/s each way, overhead (5:25:1)\n"
       "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
       "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
+      "  --no-pull              inside a node every send goes through the link (TCP between the\n"
+      "                         ranks of a node); default: reading in place as --pull prices\n"
       "  --cpu                  price inter-node transfers on the ranks' cores (TCP on one machine)\n"
+      "  --slice B, --window N  the executor's largest slice (2M) and slices in flight per peer (8)\n"
+      "  --max-slice B          the transport's cap on a slice (64M; chorus's shared memory: a\n"
+      "                         quarter of its ring, 256K by default)\n"
       "  --cores C              each node's ranks share C cores (default: a core per rank)\n"
       "  --fold-above N         above N ranks (4096), where every node runs what the first does\n"
       "                         and receives from one other node, simulate only the first (0: at\n"
@@ -158,6 +165,10 @@ options parse(int argc, char** argv) {
       o.cpu = true;
       continue;
     }
+    if (a == "--no-pull") {
+      o.pulls = false;
+      continue;
+    }
     if (i + 1 >= argc) throw usage_error(std::string(a) + " needs a value (see --help)");
     const std::string v = argv[++i];
     if (a == "--ranks") {
@@ -228,6 +239,14 @@ options parse(int argc, char** argv) {
       if (f.copy_s_per_byte) o.copy_s_per_byte = *f.copy_s_per_byte;
     } else if (a == "--json") {
       o.json = v;
+    } else if (a == "--slice") {
+      o.exec.slice_bytes = parse_size(a, v);
+      if (o.exec.slice_bytes < 4096) throw usage_error("--slice must be at least 4K");
+    } else if (a == "--window") {
+      o.exec.window = static_cast<std::size_t>(parse_int(a, v, 1, 64));
+    } else if (a == "--max-slice") {
+      o.exec.max_slice_bytes = parse_size(a, v);
+      if (o.exec.max_slice_bytes == 0) throw usage_error("--max-slice must be positive");
     } else if (a == "--fold-above") {
       o.fold_above = parse_int(a, v, 0, 1 << 30);
     } else {
@@ -304,7 +323,7 @@ int main(int argc, char** argv) {
   net.node_of = chorus::sim_network::nodes_of(o.ranks, o.per_node);
   net.intra = o.intra;
   net.pull = o.pull;
-  net.intra_pulls = true;  // chorus's shared memory reads direct sends in place on Linux
+  net.intra_pulls = o.pulls;  // chorus's shared memory reads direct sends in place on Linux
   net.inter = o.inter;
   net.inter_on_cpu = o.cpu;
   net.nodes_per_leaf = o.nodes_per_leaf;
@@ -313,6 +332,7 @@ int main(int argc, char** argv) {
   net.reduce_s_per_byte = o.reduce_s_per_byte;
   net.copy_s_per_byte = o.copy_s_per_byte;
   net.fold_above = o.fold_above;
+  net.exec = o.exec;
   const std::size_t es = chorus::size_of(o.type);
   const int nodes = (o.ranks + o.per_node - 1) / o.per_node;
 
@@ -323,13 +343,20 @@ int main(int argc, char** argv) {
                                       std::to_string(o.oversubscription) + ":1 uplinks").c_str()
                                    : "",
               std::string(chorus::to_string(o.type)).c_str());
-  std::printf("# intra %.2f us (o %.2f) + %.1f GB/s per rank (read in place: %.1f GB/s), inter %.2f us (o %.2f) + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
+  char pull_text[48] = "not read in place";
+  if (o.pulls) std::snprintf(pull_text, sizeof pull_text, "read in place: %.1f GB/s", 1e-9 / o.pull.recv_s_per_byte);
+  std::printf("# intra %.2f us (o %.2f) + %.1f GB/s per rank (%s), inter %.2f us (o %.2f) + %.1f GB/s %s, reduce %.1f GB/s, copy %.1f GB/s\n",
               o.intra.latency_s * 1e6, o.intra.overhead_s * 1e6,
-              1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte), 1e-9 / o.pull.recv_s_per_byte,
+              1e-9 / (o.intra.send_s_per_byte + o.intra.recv_s_per_byte), pull_text,
               o.inter.latency_s * 1e6, o.inter.overhead_s * 1e6,
               o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
               o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,
               1e-9 / o.copy_s_per_byte);
+  if (o.exec.slice_bytes != chorus::executor_options{}.slice_bytes || o.exec.window != chorus::executor_options{}.window ||
+      o.exec.max_slice_bytes != chorus::executor_options{}.max_slice_bytes) {
+    std::printf("# slice %zu B, window %zu, transport's largest slice %zu B\n", o.exec.slice_bytes, o.exec.window,
+                o.exec.max_slice_bytes);
+  }
   std::printf("# %12s", "size (B)");
   for (chorus::algo a : o.algos) std::printf("  %18s", (std::string(chorus::to_string(a)) + " us|GB/s").c_str());
   std::printf("  %s\n", "best");
