@@ -66,7 +66,9 @@ TEST_CASE("a SIGKILLed rank of 8, at a random point: every survivor's operation 
     CAPTURE(delay_us);
     CAPTURE(count);
     const auto base = steady::now();
-    shared_counters at(9);  // [r]: when rank r's error came; [8]: when the victim died
+    // [r]: when rank r's error came; [8]: when the victim died; [9]: ranks whose communicator
+    // is made.
+    shared_counters at(10);
     test::run_options o;
     o.env = quick_heartbeat;
     o.expect_killed = {victim};
@@ -74,8 +76,12 @@ TEST_CASE("a SIGKILLed rank of 8, at a random point: every survivor's operation 
     run_ranks(
         8,
         [&](communicator& comm) {
+          ++at[9];
           if (comm.rank() == victim) {
             std::thread([&] {
+              // A random point of the run, which starts once every rank has its communicator:
+              // the store's host (rank 0) dying before that fails the others' creation.
+              at.wait_for(9, 8);
               std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
               at[8] = micros_since(base);
               ::raise(SIGKILL);
