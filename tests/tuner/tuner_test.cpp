@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <chorus/tuner/tuner.hpp>
+#include <chorus/tuner/detail/probe.hpp>
 
 #include <cstdio>
 #include <cstring>
@@ -137,6 +138,49 @@ TEST_CASE("CHORUS_ALGO takes one algorithm for every collective that has it, or 
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_algo_table(bad), error);
   }
+}
+
+TEST_CASE("the probe's calibration recovers the latency and overhead that produced its timings") {
+  // Timings the model itself predicts under known multipliers: the fit must find them, on a
+  // node whose ranks share cores (where latency and overhead weigh differently) and on one
+  // rank per core, for latency-heavy and overhead-heavy machines.
+  for (int cores : {0, 2}) {
+    for (const auto& [lat, over] : {std::pair{3.0, 6.0}, {2.0, 0.5}, {1.0, 1.0}}) {
+      CAPTURE(cores);
+      CAPTURE(lat);
+      CAPTURE(over);
+      cost_model base;
+      base.intra = {20e-6, 0.5 / 5e9, 0.5 / 5e9, 4e-6};
+      base.cores_per_node = cores;
+      const topology topo = topology::single_node(0, 8);
+      cost_model truth = base;
+      truth.intra.latency_s *= lat;
+      truth.intra.overhead_s *= over;
+      detail::with_pull_overheads(truth);
+      const tuner measured(topo, truth, {}, executor_options{});
+      std::vector<detail::calibration_run> runs{
+          {collective::barrier, algo::dissemination, 0, 0},
+          {collective::all_gather, algo::ring, 8, 0},
+          {collective::all_to_all, algo::direct, 8, 0}};
+      for (auto& r : runs) r.seconds = measured.predict(r.kind, r.algorithm, r.count, 1);
+      const auto [a, b] = detail::fit_latency_overhead(topo, base, executor_options{}, runs);
+      CHECK(a == doctest::Approx(lat).epsilon(0.02));
+      CHECK(b == doctest::Approx(over).epsilon(0.02));
+      // The barrier alone cannot tell the two apart: both scale alike, to predict it.
+      const auto [a1, b1] = detail::fit_latency_overhead(topo, base, executor_options{}, {runs[0]});
+      CHECK(a1 == b1);
+      cost_model scaled = base;
+      scaled.intra.latency_s *= a1;
+      scaled.intra.overhead_s *= b1;
+      detail::with_pull_overheads(scaled);
+      CHECK(tuner(topo, scaled, {}, executor_options{}).predict(collective::barrier, algo::dissemination, 0, 1) ==
+            doctest::Approx(runs[0].seconds).epsilon(0.001));
+    }
+  }
+  // A timing of nothing says nothing: the costs stay as they are.
+  const auto none = detail::fit_latency_overhead(topology::single_node(0, 4), cost_model{}, executor_options{},
+                                                 {{collective::barrier, algo::dissemination, 0, 0}});
+  CHECK(none == std::pair{1.0, 1.0});
 }
 
 TEST_CASE("every rank measures the same costs and makes the same picks") {

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "chorus/bootstrap/store.hpp"
@@ -114,6 +117,53 @@ double probe_time(int reps, F&& f) {
 
 inline void with_pull_overheads(cost_model& c);
 
+/// A small collective the probe timed with every rank at once: what the model must predict.
+struct calibration_run {
+  collective kind = collective::barrier;
+  algo algorithm = algo::automatic;
+  std::size_t count = 0;  ///< elements of one byte (schedule.hpp's count)
+  double seconds = 0;     ///< measured, the mean of a run of them
+};
+
+/// Multipliers {a, b} for every link's latency and per-message overhead in `c` such that the
+/// model predicts `runs` best (least squares of the log of predicted over measured). Messages
+/// this small cost nearly nothing per byte, so a prediction scales as both costs do: for each
+/// ratio b/a on a grid (1/64 to 64, steps of sqrt 2) the best a has a closed form, and the
+/// ratio with the smallest error wins (nearest 1, the pairs' own split, on a tie). With one
+/// run, or runs that cannot tell the two apart, the ratio stays 1. A link's overhead of 0
+/// would not move with its multiplier: the caller starts such a one from a quarter of its
+/// latency.
+inline std::pair<double, double> fit_latency_overhead(const topology& t, const cost_model& c,
+                                                      const executor_options& exec,
+                                                      const std::vector<calibration_run>& runs) {
+  std::pair<double, double> best{1, 1};
+  double best_err = std::numeric_limits<double>::infinity();
+  for (int k : {0, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7, 8, -8, 9, -9, 10, -10, 11, -11, 12, -12}) {
+    if (runs.size() < 2 && k != 0) break;
+    const double ratio = std::pow(2.0, k / 2.0);
+    cost_model m = c;
+    m.intra.overhead_s *= ratio;
+    m.inter.overhead_s *= ratio;
+    with_pull_overheads(m);
+    const tuner priced(t, m, {}, exec);
+    std::vector<double> logs;
+    for (const calibration_run& r : runs) {
+      const double p = priced.predict(r.kind, r.algorithm, r.count, 1);
+      if (!(p > 0) || !(r.seconds > 0)) return best;
+      logs.push_back(std::log(r.seconds / p));
+    }
+    double mean = 0;
+    for (double v : logs) mean += v / static_cast<double>(logs.size());
+    double err = 0;
+    for (double v : logs) err += (v - mean) * (v - mean);
+    if (err < best_err - 1e-12) {
+      best_err = err;
+      best = {std::exp(mean), std::exp(mean) * ratio};
+    }
+  }
+  return best;
+}
+
 /// Measures the links every pair of this communicator uses and agrees on the costs: each
 /// pair fits per-message overhead from a burst of small messages against a burst of one
 /// (each extra message costs both ends o for its send and o for its receive), latency from
@@ -124,9 +174,13 @@ inline void with_pull_overheads(cost_model& c);
 ///
 /// Pairs that exchange over and over keep each other awake; a collective's steps wait on
 /// ever different peers, and where ranks outnumber cores each such wait may cost a trip
-/// through the scheduler. So every rank also times dissemination barriers (log2 P rounds of
-/// such waits), and the pairs' latencies and overheads are scaled until they predict the
-/// barrier measured. A collective call: every rank makes it.
+/// through the scheduler. So every rank also times small collectives with everyone at once,
+/// and the pairs' latencies and overheads are scaled until the model predicts those
+/// (fit_latency_overhead): from 3 to 64 ranks three patterns, a dissemination barrier (log2 P
+/// rounds of one message, mostly latency), a ring all_gather of 8 bytes (P - 1 steps, each
+/// from the same neighbour) and a direct all_to_all of 8 bytes (P - 1 messages at once,
+/// mostly overhead), which fit latency and overhead apart; elsewhere the barrier alone, which
+/// scales both alike. A collective call: every rank makes it.
 inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
                               const executor_options& exec) {
   const topology& t = comm.topo();
@@ -153,20 +207,39 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   staging_buffer stretches = staging_buffer::plain();
   if (most_local > 1 || t.nodes() > 1) stretches.reserve(windows * large);
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
-  // measuring each, the reduce and copy times, a barrier's, and the per-byte cost of reading
-  // a send in place inside a node.
-  std::array<double, 12> sum{};
-  // Barriers first, on the caller's thread as a blocking collective runs: the mean of a run
-  // of them, as a perf binary reports a collective's time. Where ranks outnumber cores one
-  // barrier in ten takes ten times the median, and those count.
-  auto barrier = [&] {
-    comm.barrier();
+  // measuring each, the reduce and copy times, a barrier's, the per-byte cost of reading a
+  // send in place inside a node, and the ring all_gather's and the all_to_all's times.
+  std::array<double, 14> sum{};
+  // The calibration's collectives first, on the caller's thread as a blocking collective
+  // runs: the mean of a run of each, as a perf binary reports a collective's time. Where ranks
+  // outnumber cores one barrier in ten takes ten times the median, and those count.
+  const int n_ranks = comm.size();
+  const bool patterns = n_ranks >= 3 && n_ranks <= 64;
+  constexpr std::size_t tiny = 8;
+  std::vector<std::byte> block(tiny), gathered(tiny * static_cast<std::size_t>(n_ranks)),
+      exchanged(tiny * static_cast<std::size_t>(n_ranks));
+  auto mean_of = [&](auto&& f) {
+    f();
     constexpr int runs = 15;
     const auto t0 = clock::now();
-    for (int i = 0; i < runs; ++i) comm.barrier();
+    for (int i = 0; i < runs; ++i) f();
     return std::chrono::duration<double>(clock::now() - t0).count() / runs;
   };
-  sum[10] = barrier();
+  // The barrier's, the ring all_gather's and the all_to_all's times.
+  auto calibrate = [&] {
+    std::array<double, 3> v{};
+    v[0] = mean_of([&] { comm.barrier(); });
+    if (patterns) {
+      v[1] = mean_of([&] {
+        comm.all_gather(block.data(), gathered.data(), tiny, dtype::uint8, {.algorithm = algo::ring});
+      });
+      v[2] = mean_of([&] {
+        comm.all_to_all(gathered.data(), exchanged.data(), tiny, dtype::uint8, {.algorithm = algo::direct});
+      });
+    }
+    return v;
+  };
+  const std::array<double, 3> early = calibrate();
   // Where a node runs more ranks than it has cores, the tuner's simulator deals its ranks
   // out to its cores (cost_model::cores_per_node) and wants what one rank moves with a core
   // to itself: bandwidths and kernels are then timed one pair (one rank) of a node at a
@@ -227,9 +300,12 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     sum[8] = probe_time(5, [&] { add(third, out, in, floats); }) / static_cast<double>(large);
     sum[9] = probe_time(5, [&] { std::memcpy(third, out, large); }) / static_cast<double>(large);
   });
-  // The barriers again, keeping the quicker: a machine briefly slower (another guest's turn)
-  // during one of the two does not make every step look slow.
-  sum[10] = std::min(sum[10], barrier());
+  // The calibration again, keeping the quicker of each: a machine briefly slower (another
+  // guest's turn) during one of the two does not make every step look slow.
+  const std::array<double, 3> late = calibrate();
+  sum[10] = std::min(early[0], late[0]);
+  sum[12] = std::min(early[1], late[1]);
+  sum[13] = std::min(early[2], late[2]);
   comm.all_reduce(std::span<double>(sum));
   cost_model c = defaults;
   const double n = static_cast<double>(comm.size());
@@ -247,20 +323,29 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   c.copy_s_per_byte = sum[9] / n;
   c.cores_per_node = shared_cores ? static_cast<int>(cores[0]) : 0;
   c.source = "probe";
-  // The pairs' small-message costs say how a step's time splits into latency and overhead,
-  // and how links compare; the barrier, a collective run by every rank at once as the
-  // others will be, says what they add up to. So those costs are scaled until they predict
-  // the barrier measured (same on every rank: the inputs are the agreed sums). A measured
-  // link predicts a step of at least its exchange's time (L + 2o = ts > 0, o being bounded).
-  const double predicted =
-      tuner(t, c, {}, exec).predict(collective::barrier, algo::dissemination, 0, 1);
-  if (predicted > 0) {
-    const double scale = sum[10] / n / predicted;
-    for (link_cost* l : {&c.intra, &c.inter}) {
-      if (sum[l == &c.inter ? 7 : 3] == 0) continue;
-      l->latency_s *= scale;
-      l->overhead_s *= scale;
-    }
+  // The pairs' small-message costs say how links compare; the calibration's collectives,
+  // run by every rank at once as the others will be, say what a message costs in them and,
+  // from 3 ranks up, how that splits into latency and overhead. The pairs' split alone (a
+  // burst of 8 against 1) measured overheads of 0.4 to 11 µs in launches of one shape (8
+  // ranks on 2 cores), and scaled to the barrier alone the ring and direct all_reduce of
+  // 8 B were predicted 2-3x too slow there. The same on every rank: the inputs are the
+  // agreed sums. A measured link predicts a step of at least its exchange's time (L + 2o =
+  // ts > 0, o being bounded).
+  std::vector<calibration_run> runs{{collective::barrier, algo::dissemination, 0, sum[10] / n}};
+  if (patterns) {
+    runs.push_back({collective::all_gather, algo::ring, tiny, sum[12] / n});
+    runs.push_back({collective::all_to_all, algo::direct, tiny, sum[13] / n});
+  }
+  for (link_cost* l : {&c.intra, &c.inter}) {
+    if (sum[l == &c.inter ? 7 : 3] == 0) continue;
+    if (l->overhead_s <= 0) l->overhead_s = l->latency_s / 4;
+    if (l->latency_s <= 0) l->latency_s = l->overhead_s;
+  }
+  const auto [latency_scale, overhead_scale] = fit_latency_overhead(t, c, exec, runs);
+  for (link_cost* l : {&c.intra, &c.inter}) {
+    if (sum[l == &c.inter ? 7 : 3] == 0) continue;
+    l->latency_s *= latency_scale;
+    l->overhead_s *= overhead_scale;
   }
   with_pull_overheads(c);
   return c;
