@@ -67,7 +67,8 @@ struct options {
   chorus::dtype type = chorus::dtype::float32;     ///< -d
   chorus::reduce_op op = chorus::sum;              ///< -o: avg needs a floating type
   int root = 0;                                    ///< -r: a rank of the communicator
-  chorus::algo algorithm = chorus::algo::automatic;  ///< -a: automatic or one the collective has
+  /// -a: automatic or ones the collective has; with several, every size runs each in turn
+  std::vector<chorus::algo> algorithms{chorus::algo::automatic};
   bool check = true;                               ///< -c
   std::string json;                                ///< --json: empty = no JSON file
   bool help = false;                               ///< -h
@@ -125,6 +126,9 @@ inline void print_help(collective c, std::FILE* f) {
                "in [0, ranks) (default 0%s)\n"
                "  -a, --algo NAME       run every call with this algorithm: auto (default: "
                "CHORUS_ALGO, else the tuner) or one %s has: %s\n"
+               "                        A list (ring,tree,auto) or 'all' (every one, then auto) "
+               "times each in turn at every size, in one\n"
+               "                        process: a row each, the auto row's algo written auto:NAME\n"
                "  -c, --check 0|1       check every element of one extra operation per size "
                "(default 1)\n"
                "      --json FILE       rank 0 also writes the rows to FILE as a JSON array\n"
@@ -246,6 +250,28 @@ inline chorus::algo parse_algorithm(collective c, std::string_view s) {
   return *a;
 }
 
+/// -a's value: one name, a comma-separated list of them (each at most once), or "all": every
+/// algorithm `c` has, then auto.
+inline std::vector<chorus::algo> parse_algorithms(collective c, std::string_view s) {
+  std::vector<chorus::algo> v;
+  if (s == "all") {
+    const auto have = chorus::algorithms_for(c);
+    v.assign(have.begin(), have.end());
+    v.push_back(chorus::algo::automatic);
+    return v;
+  }
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = s.find(',', start);
+    const chorus::algo a = parse_algorithm(c, s.substr(start, comma == std::string_view::npos ? comma : comma - start));
+    if (std::find(v.begin(), v.end(), a) != v.end()) {
+      throw usage_error(cat({"-a names ", a == chorus::algo::automatic ? "auto" : to_string(a), " twice"}));
+    }
+    v.push_back(a);
+    if (comma == std::string_view::npos) return v;
+    start = comma + 1;
+  }
+}
+
 inline chorus::reduce_op parse_op(std::string_view s) {
   for (int i = 0; i < chorus::reduce_op_count; ++i) {
     const auto op = static_cast<chorus::reduce_op>(i);
@@ -312,7 +338,7 @@ inline options parse_args(collective c, int argc, char** argv) {
       case 'd': o.type = parse_dtype(value); break;
       case 'o': o.op = parse_op(value); break;
       case 'r': o.root = parse_root(name, value); break;
-      case 'a': o.algorithm = parse_algorithm(c, value); break;
+      case 'a': o.algorithms = parse_algorithms(c, value); break;
       case 'c':
         if (value != "0" && value != "1") throw usage_error("-c wants 0 or 1");
         o.check = value == "1";
@@ -686,8 +712,9 @@ struct result {
   double algbw;
   double busbw;
   std::uint64_t wrong;  ///< meaningful when checked
-  chorus::algo algorithm;
+  chorus::algo algorithm;  ///< what the calls ran
   double pred_us;       ///< NaN when the tuner cannot predict this call
+  chorus::algo requested;  ///< -a's entry for the row: automatic, or the algorithm itself
 };
 
 /// What one run is: the collective, its arguments, how its algorithm is chosen.
@@ -723,8 +750,9 @@ inline void write_json(const std::string& path, const std::vector<result>& rows,
       std::fprintf(f, "null");
     }
     std::fprintf(f, ", \"collective\": \"%s\", \"nranks\": %d, \"root\": %d, \"algo\": \"%s\", "
-                    "\"pred_us\": ",
-                 coll.c_str(), su.nranks, root, std::string(to_string(r.algorithm)).c_str());
+                    "\"requested\": \"%s\", \"pred_us\": ",
+                 coll.c_str(), su.nranks, root, std::string(to_string(r.algorithm)).c_str(),
+                 r.requested == chorus::algo::automatic ? "auto" : std::string(to_string(r.requested)).c_str());
     if (std::isfinite(r.pred_us)) {
       std::fprintf(f, "%.6g}", r.pred_us);
     } else {
@@ -735,19 +763,29 @@ inline void write_json(const std::string& path, const std::vector<result>& rows,
   std::fclose(f);
 }
 
-/// The algorithm a call with `count` runs: -a, else CHORUS_ALGO's entry, else the tuner's
-/// pick, as the communicator resolves an automatic call.
+/// The algorithm a call with `count` runs: -a's entry `requested`, else CHORUS_ALGO's entry,
+/// else the tuner's pick, as the communicator resolves an automatic call.
 inline chorus::algo algorithm_of(const setup& su, const chorus::communicator& comm,
-                                 std::size_t count) {
-  if (su.o.algorithm != chorus::algo::automatic) return su.o.algorithm;
+                                 std::size_t count, chorus::algo requested) {
+  if (requested != chorus::algo::automatic) return requested;
   const chorus::algo t = su.table[static_cast<std::size_t>(su.c)];
   if (t != chorus::algo::automatic) return t;
   return comm.tuner().choose(su.c, count, chorus::size_of(su.o.type));
 }
 
-/// "ring (-a)", "tree (CHORUS_ALGO)" or "auto (the tuner's pick per row)".
+/// "ring (-a)", "tree (CHORUS_ALGO)", "auto (the tuner's pick per row)" or, for a list,
+/// "ring, tree, auto (-a, each in turn at every size)".
 inline std::string algorithm_source(const setup& su) {
-  if (su.o.algorithm != chorus::algo::automatic) return cat({to_string(su.o.algorithm), " (-a)"});
+  const auto& list = su.o.algorithms;
+  if (list.size() > 1) {
+    std::string s;
+    for (chorus::algo a : list) {
+      if (!s.empty()) s.append(", ");
+      s.append(a == chorus::algo::automatic ? "auto" : to_string(a));
+    }
+    return cat({s, " (-a, each in turn at every size)"});
+  }
+  if (list.front() != chorus::algo::automatic) return cat({to_string(list.front()), " (-a)"});
   const chorus::algo t = su.table[static_cast<std::size_t>(su.c)];
   if (t != chorus::algo::automatic) return cat({to_string(t), " (CHORUS_ALGO)"});
   return "auto (the tuner's pick per row)";
@@ -836,8 +874,8 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
   // them anyway would crash here rather than pass unnoticed.
   const void* in_arg = most.in > 0 ? in.data() : nullptr;
   void* out_arg = most.out > 0 ? out.data() : nullptr;
-  const chorus::algo forced = o.algorithm;  // automatic: the communicator resolves each call
-  auto operation = [&](std::size_t count) {
+  // `forced`: -a's entry; automatic: the communicator resolves each call.
+  auto operation = [&](std::size_t count, chorus::algo forced) {
     switch (c) {
       case collective::all_reduce:
         comm.all_reduce(in_arg, out_arg, count, o.type, {.op = o.op, .algorithm = forced});
@@ -927,9 +965,9 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
 
   if (rank == 0) {
     std::printf("#\n");
-    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s  %-18s  %10s\n", "size", "count",
+    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s  %-23s  %10s\n", "size", "count",
                 "type", "redop", "time", "algbw", "busbw", "#wrong", "algo", "pred");
-    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s  %-18s  %10s\n", "(B)", "(elements)",
+    std::printf("# %11s  %12s  %8s  %6s  %10s  %8s  %8s  %7s  %-23s  %10s\n", "(B)", "(elements)",
                 "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)");
     std::fflush(stdout);
   }
@@ -939,59 +977,69 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
   std::uint64_t total_wrong = 0;
   std::string no_prediction;  // why the tuner could not predict, if it could not
   auto last_progress = clock::now();
+  const bool several = o.algorithms.size() > 1;
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const row_size& row = rows[k];
     const auto row_start = clock::now();
-    comm.barrier();
-    for (int i = 0; i < o.warmup; ++i) operation(row.count);
-    comm.barrier();
-    const auto t0 = clock::now();
-    for (int i = 0; i < o.iters; ++i) operation(row.count);
-    const auto t1 = clock::now();
-    // A collective is done when its slowest rank is: report the maximum over ranks.
-    double time_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
-    comm.all_reduce(std::span<double>(&time_us, 1), {.op = chorus::max});
+    // With several algorithms, each in turn at this size: the same processes, placement and
+    // measured costs for all, and the same minute of a shared machine.
+    for (const chorus::algo requested : o.algorithms) {
+      comm.barrier();
+      for (int i = 0; i < o.warmup; ++i) operation(row.count, requested);
+      comm.barrier();
+      const auto t0 = clock::now();
+      for (int i = 0; i < o.iters; ++i) operation(row.count, requested);
+      const auto t1 = clock::now();
+      // A collective is done when its slowest rank is: report the maximum over ranks.
+      double time_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
+      comm.all_reduce(std::span<double>(&time_us, 1), {.op = chorus::max});
 
-    std::uint64_t wrong = 0;
-    if (o.check) {
-      const extent ex = extent_of(c, row.count, rank, n, root);
-      // All bits set: NaN for floating types, -1 or the maximum for integers; no expected value
-      // is one of these, so an element the operation never wrote is counted.
-      if (ex.out > 0) std::memset(out.data(), 0xff, ex.out * esize);
-      operation(row.count);
-      wrong = check_row(row.count);
-      comm.all_reduce(std::span<std::uint64_t>(&wrong, 1));  // sum over ranks
-      total_wrong += wrong;
-    }
+      std::uint64_t wrong = 0;
+      if (o.check) {
+        const extent ex = extent_of(c, row.count, rank, n, root);
+        // All bits set: NaN for floating types, -1 or the maximum for integers; no expected
+        // value is one of these, so an element the operation never wrote is counted.
+        if (ex.out > 0) std::memset(out.data(), 0xff, ex.out * esize);
+        operation(row.count, requested);
+        wrong = check_row(row.count);
+        comm.all_reduce(std::span<std::uint64_t>(&wrong, 1));  // sum over ranks
+        total_wrong += wrong;
+      }
 
-    // Outside the timed block, on rank 0 only: the others wait in the next row's barrier.
-    const chorus::algo ran = algorithm_of(su, comm, row.count);
-    double pred_us = std::nan("");
-    if (rank == 0) {
-      try {
-        pred_us = comm.tuner().predict(c, ran, row.count, esize, root) * 1e6;
-      } catch (const std::exception& e) {
-        if (no_prediction.empty()) no_prediction = e.what();
+      // Outside the timed block, on rank 0 only: the others wait in the next barrier.
+      const chorus::algo ran = algorithm_of(su, comm, row.count, requested);
+      double pred_us = std::nan("");
+      if (rank == 0) {
+        try {
+          pred_us = comm.tuner().predict(c, ran, row.count, esize, root) * 1e6;
+        } catch (const std::exception& e) {
+          if (no_prediction.empty()) no_prediction = e.what();
+        }
+      }
+
+      const double algbw = static_cast<double>(row.bytes) / time_us / 1e3;  // bytes/us -> GB/s
+      const result res{row.bytes, row.count, time_us, algbw, algbw * factor, wrong, ran, pred_us, requested};
+      results.push_back(res);
+      if (rank == 0) {
+        const std::string wrong_text = o.check ? std::to_string(wrong) : std::string("N/A");
+        char pred_text[32] = "n/a";
+        if (std::isfinite(pred_us)) std::snprintf(pred_text, sizeof pred_text, "%.2f", pred_us);
+        const std::string algo_text = several && requested == chorus::algo::automatic
+                                          ? cat({"auto:", to_string(ran)})
+                                          : std::string(to_string(ran));
+        std::printf("  %11zu  %12zu  %8s  %6s  %10.2f  %8.2f  %8.2f  %7s  %-23s  %10s\n", res.bytes,
+                    res.count, type.c_str(), op.c_str(), res.time_us, res.algbw, res.busbw,
+                    wrong_text.c_str(), algo_text.c_str(), pred_text);
+        std::fflush(stdout);
       }
     }
-
-    const double algbw = static_cast<double>(row.bytes) / time_us / 1e3;  // bytes/us -> GB/s
-    const result res{row.bytes, row.count, time_us, algbw, algbw * factor, wrong, ran, pred_us};
-    results.push_back(res);
     if (rank == 0) {
-      const std::string wrong_text = o.check ? std::to_string(wrong) : std::string("N/A");
-      char pred_text[32] = "n/a";
-      if (std::isfinite(pred_us)) std::snprintf(pred_text, sizeof pred_text, "%.2f", pred_us);
-      std::printf("  %11zu  %12zu  %8s  %6s  %10.2f  %8.2f  %8.2f  %7s  %-18s  %10s\n", res.bytes,
-                  res.count, type.c_str(), op.c_str(), res.time_us, res.algbw, res.busbw,
-                  wrong_text.c_str(), std::string(to_string(ran)).c_str(), pred_text);
-      std::fflush(stdout);
       const auto now = clock::now();
       const double row_s = std::chrono::duration<double>(now - row_start).count();
       if (k + 1 < rows.size() &&
           (row_s > 1.0 || now - last_progress > std::chrono::seconds(10))) {
         std::fprintf(stderr, "# [%zu/%zu sizes] %zu bytes took %.1f s\n", k + 1, rows.size(),
-                     res.bytes, row_s);
+                     row.bytes, row_s);
         last_progress = now;
       }
     }
