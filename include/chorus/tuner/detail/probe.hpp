@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -342,6 +343,16 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     if (l->latency_s <= 0) l->latency_s = l->overhead_s;
   }
   const auto [latency_scale, overhead_scale] = fit_latency_overhead(t, c, exec, runs);
+  // In the log, so that a sweep can be fitted again (bench/tuner/replay starts from the result).
+  for (const calibration_run& r : runs) {
+    char us[32];
+    std::snprintf(us, sizeof us, " %.1f us", r.seconds * 1e6);
+    c.fitted += (c.fitted.empty() ? "" : ", ") + std::string(to_string(r.algorithm)) + " " +
+                std::string(to_string(r.kind)) + us;
+  }
+  char scales[64];
+  std::snprintf(scales, sizeof scales, ": latency x%.3g, overhead x%.3g", latency_scale, overhead_scale);
+  c.fitted += scales;
   for (link_cost* l : {&c.intra, &c.inter}) {
     if (sum[l == &c.inter ? 7 : 3] == 0) continue;
     l->latency_s *= latency_scale;
