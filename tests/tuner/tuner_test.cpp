@@ -145,7 +145,10 @@ TEST_CASE("the probe's calibration recovers the latency and overhead that produc
   // node whose ranks share cores (where latency and overhead weigh differently) and on one
   // rank per core, for latency-heavy and overhead-heavy machines.
   for (int cores : {0, 2}) {
-    for (const auto& [lat, over] : {std::pair{3.0, 6.0}, {2.0, 0.5}, {1.0, 1.0}}) {
+    for (const std::pair<double, double>& scales : {std::pair{3.0, 6.0}, {2.0, 0.5}, {1.0, 1.0}}) {
+      // Plain variables, not a structured binding: clang 14 refuses those in CAPTURE's lambda.
+      const double lat = scales.first;
+      const double over = scales.second;
       CAPTURE(cores);
       CAPTURE(lat);
       CAPTURE(over);
