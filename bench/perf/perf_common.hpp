@@ -264,7 +264,7 @@ inline std::vector<chorus::algo> parse_algorithms(collective c, std::string_view
     const std::size_t comma = s.find(',', start);
     const chorus::algo a = parse_algorithm(c, s.substr(start, comma == std::string_view::npos ? comma : comma - start));
     if (std::find(v.begin(), v.end(), a) != v.end()) {
-      throw usage_error(cat({"-a names ", a == chorus::algo::automatic ? "auto" : to_string(a), " twice"}));
+      throw usage_error(cat({"-a names ", to_string(a), " twice"}));
     }
     v.push_back(a);
     if (comma == std::string_view::npos) return v;
@@ -752,7 +752,7 @@ inline void write_json(const std::string& path, const std::vector<result>& rows,
     std::fprintf(f, ", \"collective\": \"%s\", \"nranks\": %d, \"root\": %d, \"algo\": \"%s\", "
                     "\"requested\": \"%s\", \"pred_us\": ",
                  coll.c_str(), su.nranks, root, std::string(to_string(r.algorithm)).c_str(),
-                 r.requested == chorus::algo::automatic ? "auto" : std::string(to_string(r.requested)).c_str());
+                 std::string(to_string(r.requested)).c_str());
     if (std::isfinite(r.pred_us)) {
       std::fprintf(f, "%.6g}", r.pred_us);
     } else {
@@ -781,7 +781,7 @@ inline std::string algorithm_source(const setup& su) {
     std::string s;
     for (chorus::algo a : list) {
       if (!s.empty()) s.append(", ");
-      s.append(a == chorus::algo::automatic ? "auto" : to_string(a));
+      s.append(to_string(a));
     }
     return cat({s, " (-a, each in turn at every size)"});
   }

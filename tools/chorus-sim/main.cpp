@@ -352,8 +352,8 @@ int main(int argc, char** argv) {
               o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
               o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,
               1e-9 / o.copy_s_per_byte);
-  if (o.exec.slice_bytes != chorus::executor_options{}.slice_bytes || o.exec.window != chorus::executor_options{}.window ||
-      o.exec.max_slice_bytes != chorus::executor_options{}.max_slice_bytes) {
+  if (const chorus::executor_options usual; o.exec.slice_bytes != usual.slice_bytes || o.exec.window != usual.window ||
+                                              o.exec.max_slice_bytes != usual.max_slice_bytes) {
     std::printf("# slice %zu B, window %zu, transport's largest slice %zu B\n", o.exec.slice_bytes, o.exec.window,
                 o.exec.max_slice_bytes);
   }
