@@ -64,6 +64,7 @@ struct options {
   double factor = 2.0;                             ///< -f: > 1 unless min_bytes == max_bytes
   int iters = 20;                                  ///< -n: >= 1
   int warmup = 5;                                  ///< -w: >= 0
+  int rounds = 1;                                  ///< -R: >= 1; the row's time is their median
   chorus::dtype type = chorus::dtype::float32;     ///< -d
   chorus::reduce_op op = chorus::sum;              ///< -o: avg needs a floating type
   int root = 0;                                    ///< -r: a rank of the communicator
@@ -116,8 +117,12 @@ inline void print_help(collective c, std::FILE* f) {
                "(default 8)\n"
                "  -e, --maxbytes N      largest size in bytes (default 64M)\n"
                "  -f, --stepfactor F    multiply the size by F between rows (default 2)\n"
-               "  -n, --iters N         timed operations per size (default 20)\n"
+               "  -n, --iters N         timed operations per size, per round with -R (default 20)\n"
                "  -w, --warmup_iters N  untimed operations before timing each size (default 5)\n"
+               "  -R, --rounds N        time each size N times (-n operations each; with several "
+               "algorithms the rounds\n"
+               "                        take them in turn) and report the median round "
+               "(default 1)\n"
                "  -d, --datatype T      float double half bfloat16 int8 uint8 int32 uint32 int64 "
                "uint64 (default float)\n"
                "  -o, --op OP           sum prod min max avg (default sum; avg needs a floating "
@@ -287,7 +292,8 @@ inline options parse_args(collective c, int argc, char** argv) {
       flag{'b', "minbytes", true}, flag{'e', "maxbytes", true},     flag{'f', "stepfactor", true},
       flag{'n', "iters", true},    flag{'w', "warmup_iters", true}, flag{'d', "datatype", true},
       flag{'o', "op", true},       flag{'c', "check", true},        flag{'j', "json", true},
-      flag{'r', "root", true},     flag{'a', "algo", true},         flag{'h', "help", false},
+      flag{'r', "root", true},     flag{'a', "algo", true},         flag{'R', "rounds", true},
+      flag{'h', "help", false},
   };
   options o;
   const std::vector<std::string_view> args(argv + 1, argv + argc);
@@ -335,6 +341,7 @@ inline options parse_args(collective c, int argc, char** argv) {
       case 'f': o.factor = parse_factor(name, value); break;
       case 'n': o.iters = parse_int(name, value, 1); break;
       case 'w': o.warmup = parse_int(name, value, 0); break;
+      case 'R': o.rounds = parse_int(name, value, 1); break;
       case 'd': o.type = parse_dtype(value); break;
       case 'o': o.op = parse_op(value); break;
       case 'r': o.root = parse_root(name, value); break;
@@ -715,6 +722,7 @@ struct result {
   chorus::algo algorithm;  ///< what the calls ran
   double pred_us;       ///< NaN when the tuner cannot predict this call
   chorus::algo requested;  ///< -a's entry for the row: automatic, or the algorithm itself
+  std::vector<double> rounds_us;  ///< -R's rounds in order; time_us is their median
 };
 
 /// What one run is: the collective, its arguments, how its algorithm is chosen.
@@ -754,10 +762,18 @@ inline void write_json(const std::string& path, const std::vector<result>& rows,
                  coll.c_str(), su.nranks, root, std::string(to_string(r.algorithm)).c_str(),
                  std::string(to_string(r.requested)).c_str());
     if (std::isfinite(r.pred_us)) {
-      std::fprintf(f, "%.6g}", r.pred_us);
+      std::fprintf(f, "%.6g", r.pred_us);
     } else {
-      std::fprintf(f, "null}");
+      std::fprintf(f, "null");
     }
+    if (r.rounds_us.size() > 1) {
+      std::fprintf(f, ", \"rounds_us\": [");
+      for (std::size_t k = 0; k < r.rounds_us.size(); ++k) {
+        std::fprintf(f, "%s%.6g", k == 0 ? "" : ", ", r.rounds_us[k]);
+      }
+      std::fprintf(f, "]");
+    }
+    std::fprintf(f, "}");
   }
   std::fprintf(f, "\n]\n");
   std::fclose(f);
@@ -825,10 +841,12 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
     std::printf("# tuner costs: %s\n", comm.tuner().costs().describe().c_str());
     const std::string root_text =
         chorus::rooted(c) ? cat({"root ", std::to_string(root), ", "}) : std::string();
-    std::printf("# algo %s, %sminbytes %zu, maxbytes %zu, factor %g, iters %d, warmup %d, "
+    const std::string rounds_text =
+        o.rounds > 1 ? cat({"rounds ", std::to_string(o.rounds), " (median), "}) : std::string();
+    std::printf("# algo %s, %sminbytes %zu, maxbytes %zu, factor %g, iters %d, %swarmup %d, "
                 "check %d\n",
                 algorithm_source(su).c_str(), root_text.c_str(), o.min_bytes, o.max_bytes,
-                o.factor, o.iters, o.warmup, o.check ? 1 : 0);
+                o.factor, o.iters, rounds_text.c_str(), o.warmup, o.check ? 1 : 0);
     std::fflush(stdout);
   }
   // chorus refuses a message to oneself (nccl-tests' one-rank sendrecv is a local copy): with
@@ -982,17 +1000,35 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
     const row_size& row = rows[k];
     const auto row_start = clock::now();
     // With several algorithms, each in turn at this size: the same processes, placement and
-    // measured costs for all, and the same minute of a shared machine.
-    for (const chorus::algo requested : o.algorithms) {
-      comm.barrier();
-      for (int i = 0; i < o.warmup; ++i) operation(row.count, requested);
-      comm.barrier();
-      const auto t0 = clock::now();
-      for (int i = 0; i < o.iters; ++i) operation(row.count, requested);
-      const auto t1 = clock::now();
-      // A collective is done when its slowest rank is: report the maximum over ranks.
-      double time_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
-      comm.all_reduce(std::span<double>(&time_us, 1), {.op = chorus::max});
+    // measured costs for all, and the same minute of a shared machine. With several rounds,
+    // each takes its turn again in every round, and a row reports its median round: a pause of
+    // the machine (another guest, a rank descheduled mid-step) then costs one round of one
+    // algorithm, not the comparison. Only the first round warms up.
+    const std::size_t algos = o.algorithms.size();
+    const auto rounds = static_cast<std::size_t>(o.rounds);
+    std::vector<double> round_us(algos * rounds);  // [a * rounds + r]: this rank's mean per call
+    for (std::size_t r = 0; r < rounds; ++r) {
+      for (std::size_t a = 0; a < algos; ++a) {
+        const chorus::algo requested = o.algorithms[a];
+        comm.barrier();
+        if (r == 0 && o.warmup > 0) {
+          for (int i = 0; i < o.warmup; ++i) operation(row.count, requested);
+          comm.barrier();
+        }
+        const auto t0 = clock::now();
+        for (int i = 0; i < o.iters; ++i) operation(row.count, requested);
+        const auto t1 = clock::now();
+        round_us[a * rounds + r] = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
+      }
+    }
+    // A collective is done when its slowest rank is: each round's time is the maximum over ranks.
+    comm.all_reduce(std::span<double>(round_us), {.op = chorus::max});
+    for (std::size_t a = 0; a < algos; ++a) {
+      const chorus::algo requested = o.algorithms[a];
+      const auto first = round_us.begin() + static_cast<std::ptrdiff_t>(a * rounds);
+      std::vector<double> this_algo(first, first + static_cast<std::ptrdiff_t>(rounds));
+      std::vector<double> sorted = this_algo;
+      const double time_us = median(sorted);
 
       std::uint64_t wrong = 0;
       if (o.check) {
@@ -1018,7 +1054,8 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
       }
 
       const double algbw = static_cast<double>(row.bytes) / time_us / 1e3;  // bytes/us -> GB/s
-      const result res{row.bytes, row.count, time_us, algbw, algbw * factor, wrong, ran, pred_us, requested};
+      const result res{row.bytes, row.count, time_us, algbw,  algbw * factor,
+                       wrong,     ran,       pred_us, requested, std::move(this_algo)};
       results.push_back(res);
       if (rank == 0) {
         const std::string wrong_text = o.check ? std::to_string(wrong) : std::string("N/A");
