@@ -155,6 +155,7 @@ struct communicator::impl {
     flight.ended(d.flight, tickets, why);
     if (!broken) {
       broken = eptr;
+      if (beat) beat->announce();  // the failures we know reach the peers before our abort
       transport->abort(why, exec.failed_call());  // let the peers fail now, not at their timeouts
       dump_flight(why);
     }

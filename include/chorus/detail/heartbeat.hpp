@@ -127,8 +127,9 @@ inline std::vector<int> beat_peers(int rank, int n) {
 ///     thread's own schedule longer than two periods (this process was stopped) restarts
 ///     every peer's clock instead: a rank that cannot tell time judges nobody.
 ///  3. report() adds ranks found failed elsewhere (a lost connection) and tells every rank at
-///     once, before it returns, so that a peer that reads our abort frame next finds the
-///     failed rank already reported (drain() reads what has arrived).
+///     once, before it returns; announce() tells them again what is known, before a rank sends
+///     abort frames. A peer that reads our abort frame next finds the failed rank already
+///     reported (drain() reads what has arrived).
 ///  4. Datagrams that are short, long, of another group, badly tagged or replayed are
 ///     dropped unread; one that names this rank failed (its peers gave up on it) fails it too.
 ///     What a rank counted failed here says of others is not believed.
@@ -178,6 +179,14 @@ class heartbeat {
       if (r >= 0 && r < size_) added |= failed_->add(r, why);
     }
     if (added) send_beats(0, all_peers());
+  }
+
+  /// Tells every rank the failed ranks known here, if any (contract 3), for a caller about to
+  /// send abort frames. A rank may know of a failure from a datagram whose sender has not yet
+  /// reached every rank (it sends one by one, and peers pass news on to a few ranks only): a
+  /// peer reading our abort must find the failure already reported, whoever first found it.
+  void announce() {
+    if (!failed_->snapshot().empty()) send_beats(0, all_peers());
   }
 
   /// Reads the datagrams that have arrived (the thread does it too; this is for a caller
