@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -170,8 +171,8 @@ inline std::pair<double, double> fit_latency_overhead(const topology& t, const c
 /// (each extra message costs both ends o for its send and o for its receive), latency from
 /// the single small exchange less those overheads, and per-byte cost from a large exchange;
 /// each rank times a reduction and a copy; an all_reduce averages it all. Kinds of link the
-/// communicator does not have keep `defaults`. Every figure but the barrier's is a median of
-/// many samples.
+/// communicator does not have keep `defaults`. Every figure is a median of many samples
+/// (the calibration's collectives' of rounds, each round a mean).
 ///
 /// Pairs that exchange over and over keep each other awake; a collective's steps wait on
 /// ever different peers, and where ranks outnumber cores each such wait may cost a trip
@@ -212,29 +213,38 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // send in place inside a node, and the ring all_gather's and the all_to_all's times.
   std::array<double, 14> sum{};
   // The calibration's collectives first, on the caller's thread as a blocking collective
-  // runs: the mean of a run of each, as a perf binary reports a collective's time. Where ranks
-  // outnumber cores one barrier in ten takes ten times the median, and those count.
+  // runs, timed as a perf binary times a collective: warmed up, then rounds of runs, the
+  // median round. Where ranks outnumber cores one barrier in ten takes ten times the median,
+  // and those count: a round's time is its mean. Timed after one warm-up as the mean of 15,
+  // the barrier took 248-367 µs in six launches of 8 shared memory ranks on 2 cores, and
+  // 0-18 of each launch's 30 rows up to 2 KiB were predicted at 0.8-1.25 of their times;
+  // timed this way, in six launches alternating with those, 166-217 µs and 21-27 rows.
   const int n_ranks = comm.size();
   const bool patterns = n_ranks >= 3 && n_ranks <= 64;
   constexpr std::size_t tiny = 8;
   std::vector<std::byte> block(tiny), gathered(tiny * static_cast<std::size_t>(n_ranks)),
       exchanged(tiny * static_cast<std::size_t>(n_ranks));
-  auto mean_of = [&](auto&& f) {
-    f();
-    constexpr int runs = 15;
-    const auto t0 = clock::now();
-    for (int i = 0; i < runs; ++i) f();
-    return std::chrono::duration<double>(clock::now() - t0).count() / runs;
+  auto time_of = [&](auto&& f) {
+    constexpr int warmup = 5, rounds = 5, runs = 10;
+    for (int i = 0; i < warmup; ++i) f();
+    std::array<double, rounds> round{};
+    for (double& r : round) {
+      const auto t0 = clock::now();
+      for (int i = 0; i < runs; ++i) f();
+      r = std::chrono::duration<double>(clock::now() - t0).count() / runs;
+    }
+    std::nth_element(round.begin(), round.begin() + rounds / 2, round.end());
+    return round[rounds / 2];
   };
   // The barrier's, the ring all_gather's and the all_to_all's times.
   auto calibrate = [&] {
     std::array<double, 3> v{};
-    v[0] = mean_of([&] { comm.barrier(); });
+    v[0] = time_of([&] { comm.barrier(); });
     if (patterns) {
-      v[1] = mean_of([&] {
+      v[1] = time_of([&] {
         comm.all_gather(block.data(), gathered.data(), tiny, dtype::uint8, {.algorithm = algo::ring});
       });
-      v[2] = mean_of([&] {
+      v[2] = time_of([&] {
         comm.all_to_all(gathered.data(), exchanged.data(), tiny, dtype::uint8, {.algorithm = algo::direct});
       });
     }
