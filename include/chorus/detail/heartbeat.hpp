@@ -185,8 +185,12 @@ class heartbeat {
   /// send abort frames. A rank may know of a failure from a datagram whose sender has not yet
   /// reached every rank (it sends one by one, and peers pass news on to a few ranks only): a
   /// peer reading our abort must find the failure already reported, whoever first found it.
-  void announce() {
-    if (!failed_->snapshot().empty()) send_beats(0, all_peers());
+  void announce() noexcept {
+    try {
+      if (failed_->any()) send_beats(0, all_peers());
+    } catch (...) {
+      // Out of memory for the list of peers: the periodic heartbeats carry the news instead.
+    }
   }
 
   /// Reads the datagrams that have arrived (the thread does it too; this is for a caller
