@@ -210,8 +210,8 @@ struct communicator::impl {
   }
 
   /// The error `e` as this rank reports it. A lost connection is a failed rank, which every
-  /// rank hears of (before our abort frames leave, so a peer reading one finds the report
-  /// already there). A peer's abort is read against the failed ranks known here: when it
+  /// rank hears of (execute() announces it before our abort frames leave, so a peer reading
+  /// one finds the report already there). A peer's abort is read against the failed ranks known here: when it
   /// came because a rank failed, the error names that rank, as the peer's own does.
   std::exception_ptr explain(const error& e) {
     if (beat && e.code() == errc::connection_lost && !e.ranks().empty()) {

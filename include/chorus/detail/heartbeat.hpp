@@ -126,10 +126,11 @@ inline std::vector<int> beat_peers(int rank, int n) {
 ///     this rank knows; a peer unheard from for `timeout` joins the failed set. A gap in the
 ///     thread's own schedule longer than two periods (this process was stopped) restarts
 ///     every peer's clock instead: a rank that cannot tell time judges nobody.
-///  3. report() adds ranks found failed elsewhere (a lost connection) and tells every rank at
-///     once, before it returns; announce() tells them again what is known, before a rank sends
-///     abort frames. A peer that reads our abort frame next finds the failed rank already
-///     reported (drain() reads what has arrived).
+///  3. report() adds ranks found failed elsewhere (a lost connection); announce() tells every
+///     rank at once, before it returns, the failed ranks known here. A rank calls it when its
+///     thread finds a peer silent and before it sends abort frames, so that a peer that reads
+///     our abort frame next finds the failed rank already reported (drain() reads what has
+///     arrived).
 ///  4. Datagrams that are short, long, of another group, badly tagged or replayed are
 ///     dropped unread; one that names this rank failed (its peers gave up on it) fails it too.
 ///     What a rank counted failed here says of others is not believed.
@@ -172,19 +173,21 @@ class heartbeat {
   /// The host part of this rank's heartbeat address (the interface that reaches the master).
   std::string local_host() const { return local_.host(); }
 
-  /// Ranks found failed by other means (contract 3); `why` for each.
-  void report(const std::vector<int>& ranks, const std::string& why) {
+  /// Records ranks found failed by other means (contract 3), `why` for each; true when one of
+  /// them was not known. announce() tells the other ranks.
+  bool report(const std::vector<int>& ranks, const std::string& why) {
     bool added = false;
     for (int r : ranks) {
       if (r >= 0 && r < size_) added |= failed_->add(r, why);
     }
-    if (added) send_beats(0, all_peers());
+    return added;
   }
 
-  /// Tells every rank the failed ranks known here, if any (contract 3), for a caller about to
-  /// send abort frames. A rank may know of a failure from a datagram whose sender has not yet
-  /// reached every rank (it sends one by one, and peers pass news on to a few ranks only): a
-  /// peer reading our abort must find the failure already reported, whoever first found it.
+  /// Tells every rank the failed ranks known here, if any (contract 3). Before abort frames
+  /// it tells them again what they may have heard: a rank may know of a failure from a
+  /// datagram whose sender has not yet reached every rank (it sends one by one, and peers pass
+  /// news on to a few ranks only), and a peer reading our abort must find the failure already
+  /// reported, whoever first found it.
   void announce() noexcept {
     try {
       if (failed_->any()) send_beats(0, all_peers());
@@ -523,13 +526,15 @@ class heartbeat {
         }
       }
     }
+    bool added = false;
     for (const auto& [p, quiet] : silent) {
       char buf[96];
       std::snprintf(buf, sizeof buf, "no heartbeat for %.2f s (timeout %.3g s)", quiet,
                     std::chrono::duration<double>(opts_.timeout).count());
       detail::log(log_level::warn, rank_, "heartbeat: rank " + std::to_string(p) + " " + buf);
-      report({p}, buf);
+      added |= report({p}, buf);
     }
+    if (added) announce();
   }
 
   int rank_;

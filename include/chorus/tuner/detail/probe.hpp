@@ -227,14 +227,13 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   auto time_of = [&](auto&& f) {
     constexpr int warmup = 5, rounds = 5, runs = 10;
     for (int i = 0; i < warmup; ++i) f();
-    std::array<double, rounds> round{};
+    std::vector<double> round(rounds);
     for (double& r : round) {
       const auto t0 = clock::now();
       for (int i = 0; i < runs; ++i) f();
       r = std::chrono::duration<double>(clock::now() - t0).count() / runs;
     }
-    std::nth_element(round.begin(), round.begin() + rounds / 2, round.end());
-    return round[rounds / 2];
+    return median(round);
   };
   // The barrier's, the ring all_gather's and the all_to_all's times.
   auto calibrate = [&] {
