@@ -123,6 +123,31 @@ TEST_CASE("ranks that outnumber their node's cores share them: a ring on 4 ranks
   CHECK(close(time_of(1), 4 * own, 0.05));
 }
 
+TEST_CASE("bytes beyond the caches cost each core their memory time, as the share of buffers the caches miss") {
+  // One node of 2 ranks, every byte through the cores at 1 ns each end. A ring all_reduce of
+  // S bytes a rank: each rank's buffers are 2S (input and output), the node's 4S.
+  const std::size_t count = std::size_t{1} << 22;  // floats: S = 16 MiB
+  const double s = 4.0 * static_cast<double>(count);
+  auto time_of = [&](double memory_s_per_byte, std::size_t cache, bool in_place = false) {
+    sim_network net = network_of(std::vector<int>(2, 0), 0.0, 2e-9);
+    net.memory_s_per_byte = memory_s_per_byte;
+    net.cache_bytes = cache;
+    return simulate(net, {.kind = collective::all_reduce, .algorithm = algo::ring, .count = count, .in_place = in_place})
+        .seconds;
+  };
+  const double cached = time_of(0, 0);
+  CHECK(close(time_of(1e-9, static_cast<std::size_t>(4 * s)), cached, 1e-9));  // the caches hold it all
+  // Nothing cached: a rank sends S/2 and receives S/2 twice, all on its core. Every byte sent
+  // is read from its buffer (m), every byte received written to it (2m), and the
+  // reduce-scatter's received bytes also read from its own input to reduce (m): 7m per byte
+  // of S/2.
+  const double m = 0.5e-9;
+  CHECK(close(time_of(m, 0) - cached, 7 * 0.5 * s * m, 0.02));
+  // A quarter of the node's buffers cached: three quarters of that. In place, half of them.
+  CHECK(close(time_of(m, static_cast<std::size_t>(s)) - cached, 0.75 * (time_of(m, 0) - cached), 0.02));
+  CHECK(close(time_of(m, static_cast<std::size_t>(s), true) - cached, 0.5 * (time_of(m, 0) - cached), 0.02));
+}
+
 TEST_CASE("oversubscribed fat-tree uplinks slow down the traffic that crosses leaves") {
   // Four nodes, two per leaf; a ring's edges 1->2 and 3->0 cross leaves. Uplinks of 2 NICs'
   // worth over 4:1 carry half a NIC: those edges, and so the ring, run at half speed.

@@ -89,6 +89,7 @@ TEST_CASE("tuning-file rules pin algorithms to sizes and ranks, the first match 
       "cost intra 0.5 6   # us, GB/s\n"
       "cost inter 15 1.9\n"
       "cost reduce 20\n"
+      "cost memory 25 16M\n"
       "rule all_reduce 0-32K rd\n"
       "rule allreduce 32K- 2-4 tree\n"
       "rule all_reduce * ring\n"
@@ -99,6 +100,9 @@ TEST_CASE("tuning-file rules pin algorithms to sizes and ranks, the first match 
   CHECK(f.intra->send_s_per_byte + f.intra->recv_s_per_byte == doctest::Approx(1e-9 / 6));
   CHECK(*f.reduce_s_per_byte == doctest::Approx(1e-9 / 20));
   CHECK_FALSE(f.copy_s_per_byte.has_value());
+  REQUIRE(f.memory.has_value());
+  CHECK(f.memory->first == doctest::Approx(1e-9 / 25));
+  CHECK(f.memory->second == std::size_t{16} << 20);
   REQUIRE(f.rules.size() == 4);
   const tuner four(topology::single_node(0, 4), {}, f.rules, executor_options{});
   const tuner eight(topology::single_node(0, 8), {}, f.rules, executor_options{});
@@ -111,7 +115,8 @@ TEST_CASE("tuning-file rules pin algorithms to sizes and ranks, the first match 
 TEST_CASE("a bad tuning file is refused with its name, line and what is wrong") {
   const char* bad[] = {"cost intra 0.5\n",         "cost sideways 1 2\n",  "cost reduce -3\n",
                        "rule all_reduce 1M-1K ring\n", "rule nothing * ring\n", "rule all_reduce * tree2\n",
-                       "rule all_gather * tree\n",  "rule all_reduce 0-8 0 ring\n", "frobnicate\n"};
+                       "rule all_gather * tree\n",  "rule all_reduce 0-8 0 ring\n", "frobnicate\n",
+                       "cost memory 25\n",         "cost memory 25 lots\n", "cost memory 0 16M\n"};
   for (const char* text : bad) {
     CAPTURE(text);
     try {
@@ -186,13 +191,42 @@ TEST_CASE("the probe's calibration recovers the latency and overhead that produc
   CHECK(none == std::pair{1.0, 1.0});
 }
 
+TEST_CASE("the probe's reads recover the memory cost and cache size that produced their timings") {
+  // Of buffers of W bytes the caches miss 1 - C / W, each byte missed costing m.
+  const double cached = 1.0 / 50e9, m = 1.0 / 40e9, mib = 1 << 20;
+  auto timed = [&](double cache, double w) { return cached + m * std::max(0.0, 1 - cache / w); };
+  for (double cache : {8 * mib, 16 * mib}) {  // below both sizes timed, and the smaller's
+    CAPTURE(cache);
+    const auto [mem, c] =
+        detail::fit_memory(cached, 2 * mib, timed(cache, 16 * mib), 16 * mib, timed(cache, 64 * mib), 64 * mib);
+    CHECK(mem == doctest::Approx(m).epsilon(0.001));
+    CHECK(static_cast<double>(c) == doctest::Approx(cache).epsilon(0.001));
+  }
+  // The caches hold both: no cost to see. Nor with one size (a node of one rank).
+  CHECK(detail::fit_memory(cached, 2 * mib, cached, 16 * mib, cached * 1.05, 64 * mib) ==
+        std::pair<double, std::size_t>{0, 0});
+  CHECK(detail::fit_memory(cached, 2 * mib, 2 * cached, 16 * mib, 2 * cached, 16 * mib) ==
+        std::pair<double, std::size_t>{0, 0});
+  // The larger no slower than the smaller (noise): the caches hold what was read in them, and
+  // the rest of the larger cost what it did.
+  const auto [mem, c] = detail::fit_memory(cached, 2 * mib, 3 * cached, 16 * mib, 2 * cached, 64 * mib);
+  CHECK(c == std::size_t{2} << 20);
+  CHECK(mem == doctest::Approx(cached / (1 - 2.0 / 64)));
+  // read_through reads every byte: a change anywhere changes what it returns.
+  std::vector<std::byte> bytes(4096, std::byte{7});
+  const std::uint64_t before = detail::read_through(bytes.data(), bytes.size());
+  bytes[4000] = std::byte{8};
+  CHECK(detail::read_through(bytes.data(), bytes.size()) != before);
+}
+
 TEST_CASE("every rank measures the same costs and makes the same picks") {
   for (int n : {2, 3, 4}) {
     CAPTURE(n);
     run_ranks(n, [](communicator& comm) {
       const cost_model& c = comm.tuner().costs();
       RANK_CHECK(c.source == "probe");
-      std::vector<double> mine{c.intra.latency_s, c.intra.send_s_per_byte, c.reduce_s_per_byte, c.copy_s_per_byte};
+      std::vector<double> mine{c.intra.latency_s, c.intra.send_s_per_byte, c.reduce_s_per_byte, c.copy_s_per_byte,
+                              c.memory_s_per_byte, static_cast<double>(c.cache_bytes)};
       std::vector<double> all(mine.size() * static_cast<std::size_t>(comm.size()));
       comm.all_gather(std::span<const double>(mine), std::span(all));
       for (int r = 0; r < comm.size(); ++r) {

@@ -33,6 +33,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -60,6 +61,8 @@ struct options {
   chorus::link_cost pull{0.5e-6, 0, 1.0 / 20e9, 0.1e-6};
   chorus::link_cost inter{5e-6, 1.0 / 25e9, 1.0 / 25e9, 1e-6};
   double reduce_s_per_byte = 1.0 / 20e9, copy_s_per_byte = 1.0 / 20e9;
+  double memory_s_per_byte = 0;
+  std::size_t cache_bytes = 0;
   bool cpu = false;
   bool pulls = true;
   chorus::executor_options exec{};
@@ -85,6 +88,9 @@ void help() {
       "                         receiver reads in place: latency, GB/s it reads, overhead (0.5:20:0.1)\n"
       "  --inter US:GBPS[:O]    between nodes: latency, the node NIC's GB/s each way, overhead (5:25:1)\n"
       "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
+      "  --memory GBPS:CACHE    bytes a core reads or writes in the ranks' buffers cost it 1/GBPS ns\n"
+      "                         more each, for the share of them beyond the CACHE bytes of a node's\n"
+      "                         buffers that its caches hold (e.g. 28:16M; default: no such cost)\n"
       "  --costs FILE           read 'cost' lines of a tuning file (CHORUS_TUNING_FILE format)\n"
       "  --no-pull              inside a node every send goes through the link (TCP between the\n"
       "                         ranks of a node); default: reading in place as --pull prices\n"
@@ -230,6 +236,11 @@ options parse(int argc, char** argv) {
       o.reduce_s_per_byte = 1e-9 / parse_positive(a, v);
     } else if (a == "--copy") {
       o.copy_s_per_byte = 1e-9 / parse_positive(a, v);
+    } else if (a == "--memory") {
+      const auto parts = split(v, ':');
+      if (parts.size() != 2) throw usage_error("--memory wants GBPS:CACHE (e.g. 28:16M), not '" + v + "'");
+      o.memory_s_per_byte = 1e-9 / parse_positive(a, parts[0]);
+      o.cache_bytes = parse_size(a, parts[1]);
     } else if (a == "--costs") {
       const chorus::tuning_file f = chorus::tuning_file::load(v);
       if (f.intra) o.intra = *f.intra;
@@ -237,6 +248,7 @@ options parse(int argc, char** argv) {
       if (f.inter) o.inter = *f.inter;
       if (f.reduce_s_per_byte) o.reduce_s_per_byte = *f.reduce_s_per_byte;
       if (f.copy_s_per_byte) o.copy_s_per_byte = *f.copy_s_per_byte;
+      if (f.memory) std::tie(o.memory_s_per_byte, o.cache_bytes) = *f.memory;
     } else if (a == "--json") {
       o.json = v;
     } else if (a == "--slice") {
@@ -331,6 +343,8 @@ int main(int argc, char** argv) {
   net.cores_per_node = o.cores < o.per_node ? o.cores : 0;
   net.reduce_s_per_byte = o.reduce_s_per_byte;
   net.copy_s_per_byte = o.copy_s_per_byte;
+  net.memory_s_per_byte = o.memory_s_per_byte;
+  net.cache_bytes = o.cache_bytes;
   net.fold_above = o.fold_above;
   net.exec = o.exec;
   const std::size_t es = chorus::size_of(o.type);
@@ -352,6 +366,10 @@ int main(int argc, char** argv) {
               o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
               o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,
               1e-9 / o.copy_s_per_byte);
+  if (o.memory_s_per_byte > 0) {
+    std::printf("# memory %.1f GB/s per core beyond %zu B of a node's ranks' buffers\n", 1e-9 / o.memory_s_per_byte,
+                o.cache_bytes);
+  }
   if (const chorus::executor_options usual; o.exec.slice_bytes != usual.slice_bytes || o.exec.window != usual.window ||
                                               o.exec.max_slice_bytes != usual.max_slice_bytes) {
     std::printf("# slice %zu B, window %zu, transport's largest slice %zu B\n", o.exec.slice_bytes, o.exec.window,

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "chorus/bootstrap/detail/group_store.hpp"
@@ -514,12 +515,13 @@ inline communicator communicator::make(const launch_info& info, std::shared_ptr<
   cost_model costs;
   if (known_costs != nullptr) {
     costs = *known_costs;  // shrink(): the same machines, measured
-  } else if (file.intra || file.inter || file.pull || file.reduce_s_per_byte || file.copy_s_per_byte) {
+  } else if (file.intra || file.inter || file.pull || file.reduce_s_per_byte || file.copy_s_per_byte || file.memory) {
     if (file.intra) costs.intra = *file.intra;
     if (file.inter) costs.inter = *file.inter;
     if (file.pull) costs.pull = *file.pull;
     if (file.reduce_s_per_byte) costs.reduce_s_per_byte = *file.reduce_s_per_byte;
     if (file.copy_s_per_byte) costs.copy_s_per_byte = *file.copy_s_per_byte;
+    if (file.memory) std::tie(costs.memory_s_per_byte, costs.cache_bytes) = *file.memory;
     costs.source = "file";
   }
   // Both ends of a message cut it into the same slices, so every rank must use the smallest

@@ -59,6 +59,15 @@ struct sim_network {
   int cores_per_node = 0;
   double reduce_s_per_byte = 0;  ///< gamma: applying a reduction, per byte, on the receiver's core
   double copy_s_per_byte = 0;    ///< a local copy step, per byte
+  /// Memory beyond the caches: where the buffers of a node's ranks (sim_call::in_place says
+  /// whether a rank's input is its output) exceed `cache_bytes`, that share of the bytes a
+  /// core reads in them comes from memory, each adding `memory_s_per_byte` to the core's work
+  /// (the other costs are those of bytes in the caches), and of those it writes, each adds
+  /// twice that (the line is read before it is written, and written back). Per core, not
+  /// shared by a node's: here one copy alone moved 19.9, 19.2 and 11.8 GB/s out of 16, 32
+  /// and 64 MiB, two at once 18.0, 18.3 and 17.9 each. 0: no such cost.
+  double memory_s_per_byte = 0;
+  std::size_t cache_bytes = 0;
   executor_options exec{};       ///< the executor's slice, window and transports' cap
   /// Above this many ranks, where every node runs what the first one runs, simulate only the
   /// first, as simulate() explains; 0: wherever that holds.
@@ -101,9 +110,10 @@ class sim_engine {
   /// `programs` holds each distinct program once; rank r runs programs[program_of[r]]. With
   /// `simulated` below the network's size, only ranks 0 .. simulated - 1 are simulated, each
   /// standing for every rank r + k * simulated (see simulate()): program_of has `simulated`
-  /// entries, and a message to rank p is received by rank p mod simulated.
+  /// entries, and a message to rank p is received by rank p mod simulated. `footprint`: the
+  /// bytes of one rank's buffers (sim_network::cache_bytes).
   sim_engine(const sim_network& net, std::vector<sim_program> programs, std::vector<std::uint32_t> program_of,
-             int simulated)
+             int simulated, double footprint = 0)
       : net_(net), progs_(std::move(programs)), prog_of_(std::move(program_of)), sim_(simulated) {
     const int n = simulated;
     ranks_.resize(static_cast<std::size_t>(n));
@@ -124,6 +134,20 @@ class sim_engine {
     cpu_.resize(static_cast<std::size_t>(cores));
     nic_tx_.resize(static_cast<std::size_t>(nodes));
     nic_rx_.resize(static_cast<std::size_t>(nodes));
+    // The share of the bytes a core touches that its node's caches do not hold: of buffers
+    // touched in turn, as much as exceeds the caches. A rough rule: reading through a buffer
+    // here slowed from 16 MiB on and was at its slowest from 64 MiB, not along 1 - C / W.
+    missed_.assign(static_cast<std::size_t>(nodes), 0.0);
+    if (net.memory_s_per_byte > 0 && footprint > 0) {
+      std::vector<double> ranks_on(static_cast<std::size_t>(nodes), 0.0);
+      for (int v : net.node_of) {
+        if (v < nodes) ranks_on[static_cast<std::size_t>(v)] += 1;
+      }
+      for (std::size_t k = 0; k < missed_.size(); ++k) {
+        const double touched = ranks_on[k] * footprint;
+        missed_[k] = std::max(0.0, 1.0 - static_cast<double>(net.cache_bytes) / std::max(1.0, touched));
+      }
+    }
     const int leaves = net.nodes_per_leaf > 0 ? (nodes + net.nodes_per_leaf - 1) / net.nodes_per_leaf : 0;
     up_.resize(static_cast<std::size_t>(leaves));
     down_.resize(static_cast<std::size_t>(leaves));
@@ -321,6 +345,14 @@ class sim_engine {
     return p.free_at;
   }
 
+  /// Keeps rank r's core busy from `now` (or when it frees) for `seconds` of work that touches
+  /// `touched` bytes of the ranks' buffers (a byte written counting twice), and for the memory
+  /// time of the share of those its node's caches miss. Returns when the work is done.
+  double busy(int r, double now, double seconds, double touched) {
+    const auto node = static_cast<std::size_t>(net_.node_of[static_cast<std::size_t>(r)] % port_nodes_);
+    return reserve(core(r), now, seconds + touched * missed_[node] * net_.memory_s_per_byte);
+  }
+
   /// Whether a slice of `bytes` from `from` to `to` is read in place by the receiver.
   bool pulled(int from, int to, std::uint64_t bytes) const {
     return net_.intra_pulls && prog(from).expose && bytes >= net_.pull_min_bytes && same_node(from, to);
@@ -337,19 +369,19 @@ class sim_engine {
     sim_port& tx = nic_tx_[static_cast<std::size_t>(nf % port_nodes_)];
     sim_port& rx = nic_rx_[static_cast<std::size_t>(nt % port_nodes_)];
     if (pulled(from, to, bytes)) {
-      const double posted = reserve(core(from), now, net_.pull.overhead_s);
+      const double posted = busy(from, now, net_.pull.overhead_s, 0);
       return {posted, arrival{posted + net_.pull.latency_s, posted + net_.pull.latency_s, bytes}};
     }
     const link_cost& c = inside ? net_.intra : net_.inter;
     if (inside || net_.inter_on_cpu) {
       // The sender's core copies the slice out; the receiver's copies it in when it takes it.
-      const double sent = reserve(core(from), now, c.overhead_s + b * c.send_s_per_byte);
+      const double sent = busy(from, now, c.overhead_s + b * c.send_s_per_byte, b);
       return {sent, arrival{sent - b * c.send_s_per_byte + c.latency_s, sent + c.latency_s, bytes}};
     }
     // The sender's core posts it; then through the NICs (and the leaf switches of a fat tree),
     // cut through: the slice occupies every port on its path at once and finishes no earlier
     // than its slowest.
-    const double posted = reserve(core(from), now, c.overhead_s);
+    const double posted = busy(from, now, c.overhead_s, 0);
     double start = std::max(posted, tx.free_at);
     double end = start + b * c.send_s_per_byte;
     tx.free_at = end;
@@ -376,12 +408,19 @@ class sim_engine {
   }
 
   /// What taking an arrived slice costs the receiver's core: its per-message overhead, the
-  /// copy in (links through the cores) and the reduction.
-  double receive_work(int from, int to, std::uint64_t bytes, bool reducing) const {
+  /// copy in (links through the cores) and the reduction; and the bytes of the ranks' buffers
+  /// that takes, a byte written counting twice (sim_network::memory_s_per_byte): the copy
+  /// writes them, read in place it also reads the sender's, and a reduction reads the
+  /// receiver's own.
+  std::pair<double, double> receive_work(int from, int to, std::uint64_t bytes, bool reducing) const {
     const bool inside = same_node(from, to);
-    const link_cost& c = pulled(from, to, bytes) ? net_.pull : inside ? net_.intra : net_.inter;
-    const double copy = inside || net_.inter_on_cpu ? c.recv_s_per_byte : 0.0;
-    return c.overhead_s + static_cast<double>(bytes) * (copy + (reducing ? net_.reduce_s_per_byte : 0.0));
+    const bool pull = pulled(from, to, bytes);
+    const link_cost& c = pull ? net_.pull : inside ? net_.intra : net_.inter;
+    const bool copies = inside || net_.inter_on_cpu;
+    const double copy = copies ? c.recv_s_per_byte : 0.0;
+    const auto b = static_cast<double>(bytes);
+    return {c.overhead_s + b * (copy + (reducing ? net_.reduce_s_per_byte : 0.0)),
+            b * ((copies ? 2 : 0) + (pull ? 1 : 0) + (reducing ? 1 : 0))};
   }
 
   void discover(int r, rank_state& rs) {
@@ -426,8 +465,8 @@ class sim_engine {
         }
         if (!clear(rs, i, s, access_role::write, whole) || !clear(rs, i, s, access_role::local, whole)) break;
         s.copied = true;
-        const double end = reserve(core(r), now,
-                                   static_cast<double>(s.st->recv_bytes) * net_.copy_s_per_byte);
+        const auto b = static_cast<double>(s.st->recv_bytes);
+        const double end = busy(r, now, b * net_.copy_s_per_byte, 3 * b);  // read, written
         push({end, r, event_kind::applied, -1, i});
         rs.copies.pop_front();
         moved = true;
@@ -500,8 +539,8 @@ class sim_engine {
       const arrival a = ps.arrived.front();
       ps.arrived.pop_front();
       ++s.recv_taken;
-      const double work = receive_work(peer, r, a.bytes, reducing);
-      const double end = std::max(work > 0 ? reserve(core(r), now, work) : now, a.sent);
+      const auto [work, touched] = receive_work(peer, r, a.bytes, reducing);
+      const double end = std::max(work > 0 ? busy(r, now, work, touched) : now, a.sent);
       push({end, r, event_kind::applied, ps.rel, i});
       if (a.pulled_step != none) push({end, sim_peer, event_kind::sent, back, a.pulled_step});
       moved = true;
@@ -529,6 +568,7 @@ class sim_engine {
 
   std::vector<int> core_of_;
   std::vector<sim_port> cpu_, nic_tx_, nic_rx_, up_, down_;
+  std::vector<double> missed_;  // per node: the share of touched bytes its caches miss
   std::vector<event> events_;  // a heap (later)
   sim_result result_;
 };
@@ -546,6 +586,24 @@ struct sim_call {
 };
 
 namespace detail {
+
+/// The bytes of a rank's buffers in `call` on `n` ranks, input and output (one of them in
+/// place): a root's, where only a root has a buffer of P blocks.
+inline double footprint(const sim_call& call, int n) {
+  const double b = static_cast<double>(call.count) * static_cast<double>(call.elem_size);
+  const double blocks = static_cast<double>(n) * b;
+  double in = b, out = b;
+  switch (call.kind) {
+    case collective::reduce_scatter: in = blocks; break;
+    case collective::all_gather:
+    case collective::gather: out = blocks; break;
+    case collective::scatter: in = blocks; break;
+    case collective::all_to_all: in = out = blocks; break;
+    case collective::barrier: in = out = 0; break;
+    default: break;
+  }
+  return call.in_place ? std::max(in, out) : in + out;
+}
 
 /// The ranks whose programs repeat, where the whole network is copies of them: one node, when
 /// every node has the same number of ranks, in rank order, on one switch. The network's size
@@ -687,7 +745,7 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
     }
   }
   program_of.resize(static_cast<std::size_t>(simulated));
-  detail::sim_engine e(net, std::move(progs), std::move(program_of), simulated);
+  detail::sim_engine e(net, std::move(progs), std::move(program_of), simulated, detail::footprint(call, n));
   sim_result result = e.run();
   result.simulated = simulated;
   result.compared = compared;

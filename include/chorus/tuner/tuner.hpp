@@ -52,6 +52,9 @@ struct cost_model {
   /// Cores a node's ranks share where they outnumber them (0: a core per rank); the probe's
   /// per-byte costs are then one rank's with a core to itself.
   int cores_per_node = 0;
+  /// A node's memory beyond its caches (sim_network::memory_s_per_byte, cache_bytes); 0: none.
+  double memory_s_per_byte = 0;
+  std::size_t cache_bytes = 0;
   std::string source = "defaults";  ///< "probe", "cache" (the job's earlier probe), "file", "defaults"
   /// Where the probe fitted latency and overhead: what it timed and the multipliers it chose
   /// ("barrier 206.5 us, ring all_gather 420.1 us, all_to_all 207.3 us: latency x1.52,
@@ -73,8 +76,13 @@ struct cost_model {
                   1e-9 / copy_s_per_byte);
     const std::string cores =
         cores_per_node > 0 ? ", " + std::to_string(cores_per_node) + " cores per node" : "";
+    char memory[96] = "";
+    if (memory_s_per_byte > 0) {
+      std::snprintf(memory, sizeof memory, ", memory %.1f GB/s beyond %zu MiB", 1e-9 / memory_s_per_byte,
+                    cache_bytes >> 20);
+    }
     return "intra " + link(intra) + (pulls ? ", pull " + link(pull) : "") + ", inter " + link(inter) + tail +
-           cores + " (" + source + (fitted.empty() ? "" : "; fitted to " + fitted) + ")";
+           cores + memory + " (" + source + (fitted.empty() ? "" : "; fitted to " + fitted) + ")";
   }
 };
 
@@ -97,6 +105,8 @@ struct tuning_rule {
 ///   cost inter 15 1.9
 ///   cost reduce 20            # GB/s
 ///   cost copy 21
+///   cost memory 28 16M        # GB/s a core reads or writes memory beyond the caches, and
+///                             # the bytes of a node's buffers the caches hold
 ///   rule all_reduce 0-32K rd           # sizes: N, N-M, N- (up), -M, *; K M G suffixes
 ///   rule all_reduce 32K- 2-8 ring      # optional rank range: N or N-M
 ///
@@ -104,6 +114,7 @@ struct tuning_rule {
 struct tuning_file {
   std::optional<link_cost> intra, inter, pull;
   std::optional<double> reduce_s_per_byte, copy_s_per_byte;
+  std::optional<std::pair<double, std::size_t>> memory;  ///< cost_model::memory_s_per_byte, cache_bytes
   std::vector<tuning_rule> rules;
 
   /// Parses `text`; errors name `name` and the line.
@@ -210,6 +221,8 @@ class tuner {
     net.reduce_s_per_byte = costs_.reduce_s_per_byte;
     net.copy_s_per_byte = costs_.copy_s_per_byte;
     net.cores_per_node = costs_.cores_per_node;
+    net.memory_s_per_byte = costs_.memory_s_per_byte;
+    net.cache_bytes = costs_.cache_bytes;
     net.exec = exec_;
     return net;
   }
@@ -352,8 +365,14 @@ inline tuning_file tuning_file::parse(std::string_view text, const std::string& 
         }
       } else if (w.size() == 3 && (w[1] == "reduce" || w[1] == "copy")) {
         (w[1] == "reduce" ? f.reduce_s_per_byte : f.copy_s_per_byte) = 1e-9 / number(w[2]);
+      } else if (w.size() == 4 && w[1] == "memory") {
+        const double gbps = number(w[2]);
+        const auto cache = detail::parse_bytes(w[3]);
+        if (!cache) throw bad("'" + w[3] + "' is not a size");
+        f.memory = std::pair{1e-9 / gbps, *cache};
       } else {
-        throw bad("expected 'cost intra|inter|pull LATENCY_US GBPS [OVERHEAD_US]' or 'cost reduce|copy GBPS'");
+        throw bad("expected 'cost intra|inter|pull LATENCY_US GBPS [OVERHEAD_US]', 'cost reduce|copy GBPS' or "
+                  "'cost memory GBPS CACHE_BYTES'");
       }
     } else if (w[0] == "rule") {
       if (w.size() != 4 && w.size() != 5) throw bad("expected 'rule COLLECTIVE BYTES [RANKS] ALGORITHM'");

@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -119,6 +121,58 @@ double probe_time(int reps, F&& f) {
 
 inline void with_pull_overheads(cost_model& c);
 
+/// Seconds of CPU this thread has used: what a core spent on it, waits for memory included
+/// and turns of other ranks sharing the core left out.
+inline double thread_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+/// The cost of memory beyond the caches (sim_network::memory_s_per_byte, cache_bytes) that
+/// explains reading a buffer through, in seconds per byte: `cached` for `cached_bytes` that
+/// are in the caches, `alone` with buffers of `alone_bytes` in all, and `together` where the
+/// node's ranks read at once with `together_bytes` in all. The model: of buffers of W bytes
+/// the caches miss 1 - C / W, each byte missed costing m, so a byte read costs
+/// cached + m (1 - C / W). Two measured sizes give m and C; where the smaller read as fast as
+/// the cached one, C is taken to be its size (the least it can be), and C is at least
+/// `cached_bytes`; where the larger read as fast, there is no cost to see and {0, 0} is
+/// returned. Noise of a tenth of `cached` is no slowdown.
+inline std::pair<double, std::size_t> fit_memory(double cached, double cached_bytes, double alone, double alone_bytes,
+                                                 double together, double together_bytes) {
+  const double slack = cached / 10;
+  const double d1 = alone - cached, d2 = together - cached;
+  if (!(cached > 0) || !(together_bytes > alone_bytes) || !(d2 > slack)) return {0, 0};
+  double x = 0, cache = 0;  // x = m
+  if (!(d1 > slack)) {
+    cache = alone_bytes;
+    x = d2 / (1 - alone_bytes / together_bytes);
+  } else if (d2 > d1) {
+    const double xc = (d2 - d1) / (1 / alone_bytes - 1 / together_bytes);
+    x = d2 + xc / together_bytes;
+    cache = xc / x;
+  }
+  if (!(cache >= cached_bytes)) {  // the larger no slower than the smaller (noise), or little more
+    cache = cached_bytes;
+    x = d2 / (1 - cache / together_bytes);
+  }
+  return {x, static_cast<std::size_t>(cache)};
+}
+
+/// Reads `bytes` at `p` (a multiple of 32) through the core, as a copy or a reduction reads
+/// its input, and returns something of what it read so that the reads cannot be left out.
+inline std::uint64_t read_through(const std::byte* p, std::size_t bytes) {
+  std::uint64_t a[4]{};
+  for (std::size_t i = 0; i + 32 <= bytes; i += 32) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, sizeof w);
+      a[k] ^= w;
+    }
+  }
+  return a[0] ^ a[1] ^ a[2] ^ a[3];
+}
+
 /// A small collective the probe timed with every rank at once: what the model must predict.
 struct calibration_run {
   collective kind = collective::barrier;
@@ -170,9 +224,10 @@ inline std::pair<double, double> fit_latency_overhead(const topology& t, const c
 /// pair fits per-message overhead from a burst of small messages against a burst of one
 /// (each extra message costs both ends o for its send and o for its receive), latency from
 /// the single small exchange less those overheads, and per-byte cost from a large exchange;
-/// each rank times a reduction and a copy; an all_reduce averages it all. Kinds of link the
-/// communicator does not have keep `defaults`. Every figure is a median of many samples
-/// (the calibration's collectives' of rounds, each round a mean).
+/// each rank times a reduction and a copy, and reads to price memory beyond the caches
+/// (fit_memory); an all_reduce averages it all. Kinds of link the communicator does not have
+/// keep `defaults`. Every figure is a median of many samples (the calibration's collectives'
+/// of rounds, each round a mean).
 ///
 /// Pairs that exchange over and over keep each other awake; a collective's steps wait on
 /// ever different peers, and where ranks outnumber cores each such wait may cost a trip
@@ -210,8 +265,9 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   if (most_local > 1 || t.nodes() > 1) stretches.reserve(windows * large);
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
   // measuring each, the reduce and copy times, a barrier's, the per-byte cost of reading a
-  // send in place inside a node, and the ring all_gather's and the all_to_all's times.
-  std::array<double, 14> sum{};
+  // send in place inside a node, the ring all_gather's and the all_to_all's times, and the
+  // reads for memory beyond the caches (alone, nodes reading, together, ranks reading, cached).
+  std::array<double, 19> sum{};
   // The calibration's collectives first, on the caller's thread as a blocking collective
   // runs, timed as a perf binary times a collective: warmed up, then rounds of runs, the
   // median round. Where ranks outnumber cores one barrier in ten takes ten times the median,
@@ -310,6 +366,40 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     sum[8] = probe_time(5, [&] { add(third, out, in, floats); }) / static_cast<double>(large);
     sum[9] = probe_time(5, [&] { std::memcpy(third, out, large); }) / static_cast<double>(large);
   });
+  // Memory beyond the caches (fit_memory): a buffer of 16 MiB read through, in CPU time, the
+  // median of five: by one rank of each node its first 2 MiB (in the caches) and then all of
+  // it alone, and by every rank of the fullest nodes at once, each read followed by a
+  // barrier, so that between two of its reads every rank reads once (the node's caches then
+  // hold every rank's buffer, or fail to), as a collective touches all of its ranks' buffers
+  // in turn. On huge pages, written when allocated: on this VM a page's first touch from
+  // user space cost 5.6 us, and reading the plain pages of the stretches (sent from, never
+  // touched) made this part take 134 ms at 8 TCP ranks instead of 25.
+  if (most_local > 1) {
+    staging_buffer scratch;
+    scratch.reserve(windows * large);
+    auto read_seconds = [&](std::size_t bytes, bool barriers) {  // per byte
+      std::vector<double> v;
+      for (int i = -1; i < 5; ++i) {
+        const double t0 = thread_seconds();
+        const std::uint64_t folded = read_through(scratch.data(), bytes);
+        std::memcpy(third, &folded, sizeof folded);  // kept, so that the reads must be made
+        if (i >= 0) v.push_back((thread_seconds() - t0) / static_cast<double>(bytes));
+        if (barriers) comm.barrier();
+      }
+      return median(v);
+    };
+    if (t.local_rank() == 0) {
+      sum[18] = read_seconds(large, false);
+      sum[14] = read_seconds(windows * large, false);
+      sum[15] = 1;
+    }
+    comm.barrier();
+    const double together = read_seconds(windows * large, true);
+    if (t.local_size() == most_local) {
+      sum[16] = together;
+      sum[17] = 1;
+    }
+  }
   // The calibration again, keeping the quicker of each: a machine briefly slower (another
   // guest's turn) during one of the two does not make every step look slow.
   const std::array<double, 3> late = calibrate();
@@ -332,6 +422,12 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   c.reduce_s_per_byte = sum[8] / n;
   c.copy_s_per_byte = sum[9] / n;
   c.cores_per_node = shared_cores ? static_cast<int>(cores[0]) : 0;
+  if (sum[15] > 0 && sum[17] > 0) {
+    const double whole = static_cast<double>(windows * large);  // the buffer each rank read
+    std::tie(c.memory_s_per_byte, c.cache_bytes) =
+        fit_memory(sum[18] / sum[15], static_cast<double>(large), sum[14] / sum[15], whole, sum[16] / sum[17],
+                   static_cast<double>(most_local) * whole);
+  }
   c.source = "probe";
   // The pairs' small-message costs say how links compare; the calibration's collectives,
   // run by every rank at once as the others will be, say what a message costs in them and,
@@ -408,7 +504,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     cached[0] = root.add(key + "/ready", 0);
   }
   comm.all_reduce(std::span<std::int64_t>(cached), {.op = reduce_op::max});
-  std::array<double, 12> v{};
+  std::array<double, 14> v{};
   if (cached[0] > 0) {
     std::vector<std::byte> bytes;
     {
@@ -424,6 +520,8 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     c.copy_s_per_byte = v[9];
     c.cores_per_node = static_cast<int>(v[10]);
     c.pull.recv_s_per_byte = v[11];
+    c.memory_s_per_byte = v[12];
+    c.cache_bytes = static_cast<std::size_t>(v[13]);
     with_pull_overheads(c);
     c.source = "cache";
     return c;
@@ -433,7 +531,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     v = {c.intra.latency_s, c.intra.send_s_per_byte, c.intra.recv_s_per_byte, c.intra.overhead_s,
          c.inter.latency_s, c.inter.send_s_per_byte, c.inter.recv_s_per_byte, c.inter.overhead_s,
          c.reduce_s_per_byte, c.copy_s_per_byte, static_cast<double>(c.cores_per_node),
-         c.pull.recv_s_per_byte};
+         c.pull.recv_s_per_byte, c.memory_s_per_byte, static_cast<double>(c.cache_bytes)};
     std::lock_guard lk(lock);
     root.set(key, std::as_bytes(std::span(v)));
     root.add(key + "/ready", 1);
