@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/detail/op_desc.hpp"
 #include "chorus/executor/executor.hpp"
 #include "chorus/schedule/build.hpp"
 #include "chorus/topology.hpp"
@@ -134,18 +135,20 @@ class sim_engine {
     cpu_.resize(static_cast<std::size_t>(cores));
     nic_tx_.resize(static_cast<std::size_t>(nodes));
     nic_rx_.resize(static_cast<std::size_t>(nodes));
-    // The share of the bytes a core touches that its node's caches do not hold: of buffers
-    // touched in turn, as much as exceeds the caches. A rough rule: reading through a buffer
-    // here slowed from 16 MiB on and was at its slowest from 64 MiB, not along 1 - C / W.
-    missed_.assign(static_cast<std::size_t>(nodes), 0.0);
+    // What a byte touched costs each rank's core from memory: the memory's cost for the
+    // share its node's caches do not hold, of buffers touched in turn as much as exceeds the
+    // caches. A rough rule: reading through a buffer here slowed from 16 MiB on and was at its
+    // slowest from 64 MiB, not along 1 - C / W.
+    memory_of_.assign(static_cast<std::size_t>(n), 0.0);
     if (net.memory_s_per_byte > 0 && footprint > 0) {
       std::vector<double> ranks_on(static_cast<std::size_t>(nodes), 0.0);
       for (int v : net.node_of) {
         if (v < nodes) ranks_on[static_cast<std::size_t>(v)] += 1;
       }
-      for (std::size_t k = 0; k < missed_.size(); ++k) {
-        const double touched = ranks_on[k] * footprint;
-        missed_[k] = std::max(0.0, 1.0 - static_cast<double>(net.cache_bytes) / std::max(1.0, touched));
+      for (int r = 0; r < n; ++r) {
+        const double touched = ranks_on[static_cast<std::size_t>(net.node_of[static_cast<std::size_t>(r)])] * footprint;
+        const double missed = std::max(0.0, 1.0 - static_cast<double>(net.cache_bytes) / std::max(1.0, touched));
+        memory_of_[static_cast<std::size_t>(r)] = missed * net.memory_s_per_byte;
       }
     }
     const int leaves = net.nodes_per_leaf > 0 ? (nodes + net.nodes_per_leaf - 1) / net.nodes_per_leaf : 0;
@@ -349,8 +352,7 @@ class sim_engine {
   /// `touched` bytes of the ranks' buffers (a byte written counting twice), and for the memory
   /// time of the share of those its node's caches miss. Returns when the work is done.
   double busy(int r, double now, double seconds, double touched) {
-    const auto node = static_cast<std::size_t>(net_.node_of[static_cast<std::size_t>(r)] % port_nodes_);
-    return reserve(core(r), now, seconds + touched * missed_[node] * net_.memory_s_per_byte);
+    return reserve(core(r), now, seconds + touched * memory_of_[static_cast<std::size_t>(r % sim_)]);
   }
 
   /// Whether a slice of `bytes` from `from` to `to` is read in place by the receiver.
@@ -568,7 +570,7 @@ class sim_engine {
 
   std::vector<int> core_of_;
   std::vector<sim_port> cpu_, nic_tx_, nic_rx_, up_, down_;
-  std::vector<double> missed_;  // per node: the share of touched bytes its caches miss
+  std::vector<double> memory_of_;  // per simulated rank: its core's memory seconds per byte touched
   std::vector<event> events_;  // a heap (later)
   sim_result result_;
 };
@@ -588,21 +590,18 @@ struct sim_call {
 namespace detail {
 
 /// The bytes of a rank's buffers in `call` on `n` ranks, input and output (one of them in
-/// place): a root's, where only a root has a buffer of P blocks.
+/// place), as a call checks them (buffer_sizes_of): a root's, where only a root has a buffer
+/// of P blocks.
 inline double footprint(const sim_call& call, int n) {
-  const double b = static_cast<double>(call.count) * static_cast<double>(call.elem_size);
-  const double blocks = static_cast<double>(n) * b;
-  double in = b, out = b;
-  switch (call.kind) {
-    case collective::reduce_scatter: in = blocks; break;
-    case collective::all_gather:
-    case collective::gather: out = blocks; break;
-    case collective::scatter: in = blocks; break;
-    case collective::all_to_all: in = out = blocks; break;
-    case collective::barrier: in = out = 0; break;
-    default: break;
-  }
-  return call.in_place ? std::max(in, out) : in + out;
+  const int root = rooted(call.kind) ? call.root : -1;
+  const buffer_sizes e =
+      buffer_sizes_of(op_desc::of(call.kind, nullptr, nullptr, call.count, dtype::uint8, reduce_op::sum,
+                                  call.algorithm, root),
+                      root, n);
+  const auto bytes = [&](std::size_t elements) {
+    return static_cast<double>(elements) * static_cast<double>(call.elem_size);
+  };
+  return call.in_place ? bytes(std::max(e.in, e.out)) : bytes(e.in) + bytes(e.out);
 }
 
 /// The ranks whose programs repeat, where the whole network is copies of them: one node, when
