@@ -252,13 +252,18 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   std::byte* out = buf.data();
   std::byte* in = out + large;
   std::byte* third = in + large;
-  // The large exchanges go out of stretch after stretch of a larger buffer, as a collective
-  // large enough for its link costs to matter finds its memory: used before, but not in the
-  // caches and TLBs. A reader in place pins the writer's pages and walks its page tables:
-  // read over and over from 2 MiB, it ran at 13 GB/s here, and a 64 MiB all_reduce read at
-  // 9.5 (the tuner then took reading in place for 2 ranks, where it ran 1.5x slower than the
-  // ring). Copies through the rings go out of the same stretches, so that the two compare as
-  // they do in a collective.
+  // A node's links are timed in the caches, one 2 MiB send over and over: what buffers
+  // beyond the caches add is the memory cost's (cost_model::memory_s_per_byte, measured
+  // below), which the simulator charges on top. Timed out of stretches as the rest, a sweep
+  // of 2 to 8 ranks put 448 of its 624 rows within 0.75-1.25 of their times, timed in the
+  // caches 468 (the picks within 10% of the fastest 91 and 90 of 104; bench/README.md).
+  // Links between nodes, and reads in place, go out of stretch after stretch of a larger
+  // buffer, as a collective large enough for their costs to matter finds its memory: used
+  // before, but not in the caches and TLBs. A reader in place pins the writer's pages and
+  // walks its page tables, a cost per page: read over and over from 2 MiB, it ran at 13 GB/s
+  // here, and a 64 MiB all_reduce read at 9.5 (the tuner then took reading in place for 2
+  // ranks, where it ran 1.5x slower than the ring); timed in the caches at 10-15 GB/s, it was
+  // picked at 2 ranks where it took 2.3x the fastest.
   constexpr std::size_t windows = 8;
   const int most_local = most_local_ranks(t);
   staging_buffer stretches = staging_buffer::plain();
@@ -337,7 +342,8 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
       alone = probe_exchange(comm, partner, out, in, small, 31);
-      tl = probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, false, windows);
+      tl = inter ? probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, false, windows)
+                 : probe_exchange(comm, partner, out, in, large, 2 * windows);
       if (!inter) tp = probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, true, windows);
     });
     if (partner < 0) continue;
