@@ -262,7 +262,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // before, but not in the caches and TLBs. A reader in place pins the writer's pages and
   // walks its page tables, a cost per page: read over and over from 2 MiB, it ran at 13 GB/s
   // here, and a 64 MiB all_reduce read at 9.5 (the tuner then took reading in place for 2
-  // ranks, where it ran 1.5x slower than the ring); timed in the caches at 10-15 GB/s, it was
+  // ranks, where it ran 1.5x slower than the ring); timed in the caches at 10-19 GB/s, it was
   // picked at 2 ranks where it took 2.3x the fastest.
   constexpr std::size_t windows = 8;
   const int most_local = most_local_ranks(t);
@@ -342,8 +342,9 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
       alone = probe_exchange(comm, partner, out, in, small, 31);
-      tl = inter ? probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, false, windows)
-                 : probe_exchange(comm, partner, out, in, large, 2 * windows);
+      // Inside a node in the caches, between nodes out of the stretches (above).
+      tl = probe_exchange(comm, partner, inter ? stretches.data() : out, in, large, 2 * windows, false,
+                          inter ? windows : 1);
       if (!inter) tp = probe_exchange(comm, partner, stretches.data(), in, large, 2 * windows, true, windows);
     });
     if (partner < 0) continue;
