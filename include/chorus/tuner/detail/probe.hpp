@@ -381,9 +381,16 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // in turn. On huge pages, written when allocated: on this VM a page's first touch from
   // user space cost 5.6 us, and reading the plain pages of the stretches (sent from, never
   // touched) made this part take 134 ms at 8 TCP ranks instead of 25.
+  // Each rank reads at least 16 MiB, and at few ranks enough that a node's reads come to
+  // 64 MiB: two ranks' 16 MiB were barely beyond the caches, and in most launches of 2 ranks
+  // the probe saw no slowdown, where a cost of 40 GB/s beyond 16 MiB put 5-23 more of a
+  // sweep's 624 rows within 25% (bench/README.md).
+  const std::size_t read_bytes =
+      std::max<std::size_t>(windows, (32 + static_cast<std::size_t>(std::max(most_local, 1)) - 1) /
+                                         static_cast<std::size_t>(std::max(most_local, 1))) * large;
   if (most_local > 1) {
     staging_buffer scratch;
-    scratch.reserve(windows * large);
+    scratch.reserve(read_bytes);
     auto read_seconds = [&](std::size_t bytes, bool barriers) {  // per byte
       std::vector<double> v;
       for (int i = -1; i < 5; ++i) {
@@ -397,11 +404,11 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     };
     if (t.local_rank() == 0) {
       sum[18] = read_seconds(large, false);
-      sum[14] = read_seconds(windows * large, false);
+      sum[14] = read_seconds(read_bytes, false);
       sum[15] = 1;
     }
     comm.barrier();
-    const double together = read_seconds(windows * large, true);
+    const double together = read_seconds(read_bytes, true);
     if (t.local_size() == most_local) {
       sum[16] = together;
       sum[17] = 1;
@@ -430,7 +437,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   c.copy_s_per_byte = sum[9] / n;
   c.cores_per_node = shared_cores ? static_cast<int>(cores[0]) : 0;
   if (sum[15] > 0 && sum[17] > 0) {
-    const double whole = static_cast<double>(windows * large);  // the buffer each rank read
+    const double whole = static_cast<double>(read_bytes);  // the buffer each rank read
     std::tie(c.memory_s_per_byte, c.cache_bytes) =
         fit_memory(sum[18] / sum[15], static_cast<double>(large), sum[14] / sum[15], whole, sum[16] / sum[17],
                    static_cast<double>(most_local) * whole);
