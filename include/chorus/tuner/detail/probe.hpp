@@ -373,21 +373,20 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     sum[8] = probe_time(5, [&] { add(third, out, in, floats); }) / static_cast<double>(large);
     sum[9] = probe_time(5, [&] { std::memcpy(third, out, large); }) / static_cast<double>(large);
   });
-  // Memory beyond the caches (fit_memory): a buffer of 16 MiB read through, in CPU time, the
-  // median of five: by one rank of each node its first 2 MiB (in the caches) and then all of
-  // it alone, and by every rank of the fullest nodes at once, each read followed by a
-  // barrier, so that between two of its reads every rank reads once (the node's caches then
-  // hold every rank's buffer, or fail to), as a collective touches all of its ranks' buffers
-  // in turn. On huge pages, written when allocated: on this VM a page's first touch from
-  // user space cost 5.6 us, and reading the plain pages of the stretches (sent from, never
-  // touched) made this part take 134 ms at 8 TCP ranks instead of 25.
-  // Each rank reads at least 16 MiB, and at few ranks enough that a node's reads come to
-  // 64 MiB: two ranks' 16 MiB were barely beyond the caches, and in most launches of 2 ranks
-  // the probe saw no slowdown, where a cost of 40 GB/s beyond 16 MiB put 5-23 more of a
-  // sweep's 624 rows within 25% (bench/README.md).
-  const std::size_t read_bytes =
-      std::max<std::size_t>(windows, (32 + static_cast<std::size_t>(std::max(most_local, 1)) - 1) /
-                                         static_cast<std::size_t>(std::max(most_local, 1))) * large;
+  // Memory beyond the caches (fit_memory): a buffer read through, in CPU time, the median of
+  // five: by one rank of each node its first 2 MiB (in the caches) and then all of it alone,
+  // and by every rank of the fullest nodes at once, each read followed by a barrier, so that
+  // between two of its reads every rank reads once (the node's caches then hold every rank's
+  // buffer, or fail to), as a collective touches all of its ranks' buffers in turn. On huge
+  // pages, written when allocated: on this VM a page's first touch from user space cost
+  // 5.6 us, and reading the plain pages of the stretches (sent from, never touched) made this
+  // part take 134 ms at 8 TCP ranks instead of 25.
+  // Each rank's buffer is 16 MiB, or at few ranks enough that the node's come to 64 MiB (32
+  // MiB at 2 ranks, 22 at 3): two ranks' 16 MiB were barely beyond the caches, and in most
+  // launches of 2 ranks the probe saw no slowdown, where a cost of 40 GB/s beyond 16 MiB put
+  // 5-23 more of a sweep's 624 rows within 25% (bench/README.md, run V).
+  const auto node_ranks = static_cast<std::size_t>(std::max(most_local, 1));
+  const std::size_t read_bytes = std::max(windows, (32 + node_ranks - 1) / node_ranks) * large;
   if (most_local > 1) {
     staging_buffer scratch;
     scratch.reserve(read_bytes);
