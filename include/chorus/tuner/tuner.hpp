@@ -197,6 +197,13 @@ class tuner {
     }
     return v;
   }
+  /// Whether an algorithm priced at `seconds` is picked over the best so far, priced at
+  /// `best_seconds`: ties (within 0.1%) keep the earlier one, in candidates()' order, so that
+  /// a pick does not flip on rounding. chorus-sim's best, and bench/tuner/replay's, are this.
+  static constexpr bool beats(double seconds, double best_seconds) noexcept {
+    return seconds < best_seconds * 0.999;
+  }
+
   /// Whether the tuner prices `a` for `kind` on `ranks` ranks in `nodes` nodes: not
   /// hierarchical on one node (it runs the direct algorithm's exchanges there, in another
   /// order, and measured no faster: the direct one is priced), nor direct reduce_scatter,
@@ -256,8 +263,7 @@ class tuner {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%s %.1f us", std::string(to_string(a)).c_str(), s * 1e6);
       priced += (priced.empty() ? "" : ", ") + std::string(buf);
-      // Ties (within 0.1%) keep the earlier candidate, so the pick does not flip on rounding.
-      if (s < best_s * 0.999) {
+      if (beats(s, best_s)) {
         best_s = s;
         best = a;
       }
