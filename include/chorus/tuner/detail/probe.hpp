@@ -381,10 +381,13 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // pages, written when allocated: on this VM a page's first touch from user space cost
   // 5.6 us, and reading the plain pages of the stretches (sent from, never touched) made this
   // part take 134 ms at 8 TCP ranks instead of 25.
-  // Each rank's buffer is 16 MiB, or at few ranks enough that the node's come to 64 MiB (32
-  // MiB at 2 ranks, 22 at 3): two ranks' 16 MiB were barely beyond the caches, and in most
-  // launches of 2 ranks the probe saw no slowdown, where a cost of 40 GB/s beyond 16 MiB put
-  // 5-23 more of a sweep's 624 rows within 25% (bench/README.md, run V).
+  // Read alone, the buffer is 16 MiB; read together, each rank's is 16 MiB or at few ranks
+  // enough that the node's come to 64 MiB (32 MiB at 2 ranks, 22 at 3): two ranks' 16 MiB
+  // were barely beyond the caches, and in most launches of 2 ranks the probe saw no slowdown,
+  // where a cost of 40 GB/s beyond 16 MiB put 5-23 more of a sweep's 624 rows within 25%.
+  // The read alone stays at 16 MiB: at 32 MiB (2 ranks, run V in bench/README.md) the fit
+  // put the caches at 2-8 MiB, where launches of more ranks fitted 10-22.
+  const std::size_t alone_bytes = windows * large;
   const auto node_ranks = static_cast<std::size_t>(std::max(most_local, 1));
   const std::size_t read_bytes = std::max(windows, (32 + node_ranks - 1) / node_ranks) * large;
   if (most_local > 1) {
@@ -403,7 +406,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     };
     if (t.local_rank() == 0) {
       sum[18] = read_seconds(large, false);
-      sum[14] = read_seconds(read_bytes, false);
+      sum[14] = read_seconds(alone_bytes, false);
       sum[15] = 1;
     }
     comm.barrier();
@@ -436,10 +439,10 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   c.copy_s_per_byte = sum[9] / n;
   c.cores_per_node = shared_cores ? static_cast<int>(cores[0]) : 0;
   if (sum[15] > 0 && sum[17] > 0) {
-    const double whole = static_cast<double>(read_bytes);  // the buffer each rank read
+    const auto node_bytes = static_cast<double>(most_local) * static_cast<double>(read_bytes);
     std::tie(c.memory_s_per_byte, c.cache_bytes) =
-        fit_memory(sum[18] / sum[15], static_cast<double>(large), sum[14] / sum[15], whole, sum[16] / sum[17],
-                   static_cast<double>(most_local) * whole);
+        fit_memory(sum[18] / sum[15], static_cast<double>(large), sum[14] / sum[15],
+                   static_cast<double>(alone_bytes), sum[16] / sum[17], node_bytes);
   }
   c.source = "probe";
   // The pairs' small-message costs say how links compare; the calibration's collectives,
