@@ -388,7 +388,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // The read alone stays at 16 MiB: at 32 MiB (2 ranks, run V in bench/README.md) the fit
   // put the caches at 2-8 MiB, where launches of more ranks fitted 10-22.
   const std::size_t alone_bytes = windows * large;
-  const auto node_ranks = static_cast<std::size_t>(std::max(most_local, 1));
+  const auto node_ranks = static_cast<std::size_t>(most_local);  // at least 1
   const std::size_t read_bytes = std::max(windows, (32 + node_ranks - 1) / node_ranks) * large;
   if (most_local > 1) {
     staging_buffer scratch;
