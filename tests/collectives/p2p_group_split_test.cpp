@@ -75,6 +75,37 @@ TEST_CASE("asynchronous sends and receives complete, and pairs exchange both way
   }
 }
 
+TEST_CASE("sendrecvs and groups repeated on the same buffers reach the peers each call names") {
+  // A repeated call replays its schedules and the executor's plan; one that names another
+  // peer, the same size, buffers and tag otherwise, must not.
+  for (int n : {3, 5}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const int r = comm.rank();
+      const int nn = comm.size();
+      std::vector<std::int32_t> out(1000), in(1000);
+      int k = 0;
+      for (int shift : {1, 1, 2, 1, nn - 1, 2, 2, 1}) {
+        const int to = (r + shift) % nn;
+        const int from = (r + nn - shift) % nn;
+        out = message(r, k, out.size());
+        std::fill(in.begin(), in.end(), -1);
+        if (k % 2 == 0) {
+          comm.sendrecv(std::span<const std::int32_t>(out), to, std::span(in), from);
+        } else {
+          comm.group_start();
+          comm.send_async(std::span<const std::int32_t>(out), to);
+          comm.recv_async(std::span(in), from);
+          comm.group_end().wait();
+        }
+        CAPTURE(shift);
+        RANK_CHECK(holds(in, from, k));
+        ++k;
+      }
+    });
+  }
+}
+
 TEST_CASE("a group of sends and receives around a ring cannot deadlock, however large the messages") {
   for (int n : {2, 3, 8}) {
     CAPTURE(n);

@@ -46,7 +46,7 @@ TEST_CASE("the simulator runs every algorithm of every collective to completion,
       net.oversubscription = 2;
       for (int k = 0; k < collective_count; ++k) {
         const auto c = static_cast<collective>(k);
-        if (c == collective::send_recv || c == collective::all_to_allv) continue;
+        if (c == collective::all_to_allv || (c == collective::send_recv && n < 2)) continue;
         for (algo a : algorithms_for(c)) {
           for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
             CAPTURE(n);
@@ -91,6 +91,25 @@ TEST_CASE("with no latency, a ring all_reduce is bound by the bytes each NIC sen
     CHECK(t >= wire * (1 - 1e-9));
     CHECK(t <= wire * 1.05);  // slices pipeline: only the first slice's time is not overlapped
   }
+}
+
+TEST_CASE("a sendrecv (every rank to the next) takes one message's time at any P: its latency, or its bytes") {
+  const std::size_t count = std::size_t{1} << 22;  // 16 MiB of float
+  for (int n : {2, 3, 8}) {
+    CAPTURE(n);
+    const sim_call call{.kind = collective::send_recv, .algorithm = algo::direct, .count = count};
+    const sim_result free_bytes = simulate(network_of(one_per_node(n), 1e-6, 0.0), call);
+    CHECK(close(free_bytes.seconds, 1e-6, 1e-9));  // one slice of 2 MiB, one latency
+    const double s_per_byte = 1e-9;
+    const sim_result r = simulate(network_of(one_per_node(n), 0.0, s_per_byte), call);
+    const double wire = static_cast<double>(count * 4) * s_per_byte;  // each NIC sends and receives it
+    CHECK(r.seconds >= wire * (1 - 1e-9));
+    CHECK(r.seconds <= wire * 1.05);
+    CHECK(r.bytes == static_cast<std::uint64_t>(n) * count * 4);
+  }
+  CHECK_THROWS_WITH_AS(simulate(network_of(one_per_node(1), 1e-6, 0.0),
+                                {.kind = collective::send_recv, .algorithm = algo::direct, .count = 1}),
+                       doctest::Contains("send_recv needs 2 or more ranks"), error);
 }
 
 TEST_CASE("ranks that share a NIC share its bandwidth, and ranks on the cores do not") {
@@ -252,7 +271,7 @@ TEST_CASE("a folded simulation (one node for all) gives exactly what every rank 
       net.cores_per_node = per_node / 2;  // ranks share cores too
       for (int k = 0; k < collective_count; ++k) {
         const auto c = static_cast<collective>(k);
-        if (c == collective::send_recv || c == collective::all_to_allv) continue;
+        if (c == collective::all_to_allv) continue;
         for (algo a : algorithms_for(c)) {
           // Divisible by every rank count here (the pieces of every rank alike) and not.
           for (std::size_t count : {std::size_t{1000}, std::size_t{1} << 20}) {

@@ -78,7 +78,8 @@ void help() {
       "  --topology T           flat (default) | nodes:M | fattree:M:L:O (M ranks per node, L nodes\n"
       "                         per leaf switch, uplinks oversubscribed O:1)\n"
       "  --collective C         all_reduce (default), reduce_scatter, all_gather, broadcast, reduce,\n"
-      "                         all_to_all, gather, scatter, barrier\n"
+      "                         all_to_all, gather, scatter, barrier, send_recv (every rank sends\n"
+      "                         to rank + 1 and receives from rank - 1, as sendrecv_perf)\n"
       "  --algo A,B             algorithms to compare (default: every one the collective has)\n"
       "  -b, -e, -f             smallest and largest size in bytes (K/M/G suffixes), factor\n"
       "                         (defaults 8, 256M, 8)\n"
@@ -196,7 +197,7 @@ options parse(int argc, char** argv) {
       }
     } else if (a == "--collective") {
       const auto c = chorus::parse_collective(v);
-      if (!c || *c == chorus::collective::send_recv || *c == chorus::collective::all_to_allv) {
+      if (!c || *c == chorus::collective::all_to_allv) {
         throw usage_error("--collective: '" + v + "' is not a collective chorus-sim prices");
       }
       o.kind = *c;
@@ -272,6 +273,9 @@ options parse(int argc, char** argv) {
   if (o.min_bytes > o.max_bytes) throw usage_error("-b is larger than -e");
   if (o.factor <= 1 && o.min_bytes != o.max_bytes) throw usage_error("-f must be > 1");
   if (o.root >= o.ranks) throw usage_error("--root must be a rank below --ranks");
+  if (o.kind == chorus::collective::send_recv && o.ranks < 2) {
+    throw usage_error("--collective send_recv needs --ranks 2 or more (a rank cannot send to itself)");
+  }
   if (o.ranks % o.per_node != 0) throw usage_error("--ranks must be a multiple of the ranks per node");
   if (o.algos.empty()) {
     // Those the tuner would price; --algo names any.

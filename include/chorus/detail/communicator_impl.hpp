@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -265,14 +266,22 @@ struct communicator::impl {
                                  .sending = d.sending});
   }
 
-  /// Schedules are pure functions of (kind, algorithm, count, root) for a communicator, and
-  /// training loops repeat the same few calls: keep the last few instead of rebuilding.
-  struct cached_schedule {
+  /// Schedules are pure functions of (kind, algorithm, count, root or peer, side) for a
+  /// communicator, and training loops repeat the same few calls: keep the last few instead
+  /// of rebuilding.
+  struct schedule_key {
     collective kind;
     algo algorithm;
     std::size_t count;
     int root;
     bool sending;
+    static schedule_key of(const detail::op_desc& d) {
+      return {d.kind, d.algorithm, d.count, d.root, d.sending};
+    }
+    friend bool operator==(const schedule_key&, const schedule_key&) = default;
+  };
+  struct cached_schedule {
+    schedule_key key;
     schedule s;
   };
   std::array<std::optional<cached_schedule>, 8> schedules;
@@ -281,15 +290,41 @@ struct communicator::impl {
 
   const schedule& schedule_for(const detail::op_desc& d) {
     if (d.kind == collective::all_to_allv) return uncached = build(d);
+    const schedule_key key = schedule_key::of(d);
     for (const auto& c : schedules) {
-      if (c && c->kind == d.kind && c->algorithm == d.algorithm && c->count == d.count &&
-          c->root == d.root && c->sending == d.sending) {
-        return c->s;
-      }
+      if (c && c->key == key) return c->s;
     }
     auto& slot = schedules[next_schedule++ % schedules.size()];
-    slot = cached_schedule{d.kind, d.algorithm, d.count, d.root, d.sending, build(d)};
+    slot = cached_schedule{key, build(d)};
     return slot->s;
+  }
+
+  /// The last group's schedules, which must all live through its run (the single cache
+  /// above could evict one member's for another's): a pipeline's sendrecv, repeated, builds
+  /// none. A new group's are built before the old ones are freed, so that no schedule of
+  /// the new group sits where the executor's last plan saw one of the old (plan_key).
+  std::vector<schedule_key> group_keys;
+  std::vector<schedule> group_schedules;
+  std::vector<executor_job> group_jobs;
+
+  const std::vector<schedule>& schedules_for(std::span<const detail::op_desc> members) {
+    bool same = group_keys.size() == members.size();
+    for (std::size_t i = 0; same && i < members.size(); ++i) {
+      same = members[i].kind != collective::all_to_allv &&
+             group_keys[i] == schedule_key::of(members[i]);
+    }
+    if (same) return group_schedules;
+    std::vector<schedule_key> keys;
+    std::vector<schedule> built;
+    keys.reserve(members.size());
+    built.reserve(members.size());
+    for (const auto& mem : members) {
+      keys.push_back(schedule_key::of(mem));
+      built.push_back(build(mem));
+    }
+    group_keys = std::move(keys);
+    group_schedules = std::move(built);
+    return group_schedules;
   }
 
   /// The executor's view of `d`: buffers, reduce function and the fingerprint its frames carry.
@@ -329,15 +364,12 @@ struct communicator::impl {
       finish_avg(d);
       return;
     }
-    // A group's schedules must all live through the run, so they are built here.
-    std::vector<schedule> scheds;
-    scheds.reserve(d.members.size());
-    std::vector<executor_job> jobs;
-    for (const auto& mem : d.members) {
-      scheds.push_back(build(mem));
-      jobs.push_back(job_for(mem, scheds.back()));
+    const std::vector<schedule>& scheds = schedules_for(d.members);
+    group_jobs.clear();
+    for (std::size_t i = 0; i < d.members.size(); ++i) {
+      group_jobs.push_back(job_for(d.members[i], scheds[i]));
     }
-    if (!jobs.empty()) exec.run(jobs, opts.timeout);
+    if (!group_jobs.empty()) exec.run(group_jobs, opts.timeout);
     for (const auto& mem : d.members) finish_avg(mem);
   }
 

@@ -138,7 +138,7 @@ class executor {
   /// Sets the largest frame: the smallest any rank's transport takes (see executor_options).
   void set_max_slice(std::size_t bytes) {
     opts_.max_slice_bytes = std::max<std::size_t>(bytes, 1);
-    last_plan_ = {};
+    last_plan_.clear();
   }
 
   /// Runs `s` to completion, or throws chorus::error naming the operation and the peer.
@@ -285,9 +285,9 @@ class executor {
   std::size_t copy_cur_ = 0;
   std::size_t units_left_ = 0;  // slices (and copies) not yet completed
 
-  /// What the last plan was made for, when it was one job: the same call on the same
-  /// buffers again (a training loop's, a benchmark's) replays it instead of planning anew,
-  /// which took a sixth of an 8-byte all_reduce's software.
+  /// What the last plan was made for, a key per job: the same calls on the same buffers
+  /// again (a training loop's, a benchmark's, a pipeline's sendrecv) replay it instead of
+  /// planning anew, which took a sixth of an 8-byte all_reduce's software.
   struct plan_key {
     const schedule* sched = nullptr;
     const step* steps = nullptr;
@@ -307,7 +307,14 @@ class executor {
              b.reduce == buffers.reduce && j.expose == expose;
     }
   };
-  plan_key last_plan_;
+  std::vector<plan_key> last_plan_;  // empty: replay nothing
+  bool replays(std::span<const executor_job> jobs) const {
+    if (last_plan_.empty() || last_plan_.size() != jobs.size()) return false;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      if (!last_plan_[i].matches(jobs[i])) return false;
+    }
+    return true;
+  }
   std::size_t planned_units_ = 0;
   void replan(std::span<const executor_job> jobs);
 };
@@ -479,7 +486,7 @@ inline void executor::plan(std::span<const executor_job> jobs) {
 }
 
 inline void executor::replan(std::span<const executor_job> jobs) {
-  if (jobs.size() == 1 && last_plan_.matches(jobs.front())) {
+  if (replays(jobs)) {
     // The same plan: only the progress made through it starts over.
     for (step_state& ss : steps_) ss.send_posted = ss.send_done = ss.recv_posted = ss.recv_done = 0;
     for (int p : active_) {
@@ -494,10 +501,10 @@ inline void executor::replan(std::span<const executor_job> jobs) {
   }
   plan(jobs);
   planned_units_ = units_left_;
-  last_plan_ = {};
-  if (jobs.size() == 1) {
-    const executor_job& j = jobs.front();
-    last_plan_ = {j.sched, j.sched->steps.data(), j.sched->steps.size(), j.fp, j.buffers, j.expose};
+  last_plan_.clear();
+  for (const executor_job& j : jobs) {
+    last_plan_.push_back(
+        {j.sched, j.sched->steps.data(), j.sched->steps.size(), j.fp, j.buffers, j.expose});
   }
 }
 
@@ -670,7 +677,7 @@ inline void executor::run_until(std::span<const executor_job> jobs,
       }
     }
   } catch (const error& e) {
-    last_plan_ = {};
+    last_plan_.clear();
     // Transfers point into the peers' fifos: they are reset only by the next plan(), after
     // the transport forgot them, which the communicator guarantees by never using a failed
     // transport again.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "chorus/detail/op_desc.hpp"
+#include "chorus/error.hpp"
 #include "chorus/executor/executor.hpp"
 #include "chorus/schedule/build.hpp"
 #include "chorus/topology.hpp"
@@ -580,6 +581,8 @@ class sim_engine {
 }  // namespace detail
 
 /// The arguments of the collective to simulate (as build_schedule takes them, less the rank).
+/// send_recv is sendrecv_perf's exchange: every rank sends `count` elements to rank + 1 and
+/// receives as many from rank - 1 (mod P, so at 2 ranks they swap), and `root` is not used.
 struct sim_call {
   collective kind = collective::all_reduce;
   algo algorithm = algo::ring;
@@ -591,10 +594,42 @@ struct sim_call {
 
 namespace detail {
 
+/// Rank `topo.rank`'s schedule in `call`. A sendrecv is two operations of one run, the send
+/// to rank + 1 and the receive from rank - 1, each one step; the executor progresses the jobs
+/// of a run together, so the simulator runs their steps as one step that sends and receives.
+inline schedule schedule_of(const topology& topo, const sim_call& call) {
+  if (call.kind != collective::send_recv) {
+    return build_schedule(topo, {.kind = call.kind,
+                                 .algorithm = call.algorithm,
+                                 .count = call.count,
+                                 .root = rooted(call.kind) ? call.root : -1});
+  }
+  const int n = topo.size;
+  if (n < 2) {
+    throw error(errc::invalid_argument, "send_recv needs 2 or more ranks (a rank cannot send to itself)");
+  }
+  auto side = [&](int peer, bool sending) {
+    return build_schedule(topo, {.kind = call.kind, .algorithm = call.algorithm, .count = call.count,
+                                 .root = peer, .sending = sending});
+  };
+  schedule s = side((topo.rank + 1) % n, true);
+  const schedule r = side((topo.rank + n - 1) % n, false);
+  step& both = s.steps.front();
+  const step& recv = r.steps.front();
+  both.recv_peer = recv.recv_peer;
+  both.action = recv.action;
+  both.recv_into = recv.recv_into;
+  return s;
+}
+
 /// The bytes of a rank's buffers in `call` on `n` ranks, input and output (one of them in
 /// place), as a call checks them (buffer_sizes_of): a root's, where only a root has a buffer
 /// of P blocks.
 inline double footprint(const sim_call& call, int n) {
+  if (call.kind == collective::send_recv) {  // the message out and the one in
+    const double message = static_cast<double>(call.count) * static_cast<double>(call.elem_size);
+    return call.in_place ? message : 2 * message;
+  }
   const int root = rooted(call.kind) ? call.root : -1;
   const buffer_sizes e =
       buffer_sizes_of(op_desc::of(call.kind, nullptr, nullptr, call.count, dtype::uint8, reduce_op::sum,
@@ -687,10 +722,7 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
   std::unordered_map<std::size_t, std::vector<std::uint32_t>> alike;  // by hash
   auto add = [&](int r) {  // builds rank r's program, or finds an equal one
     topo.rank = r;
-    const schedule s = build_schedule(topo, {.kind = call.kind,
-                                             .algorithm = call.algorithm,
-                                             .count = call.count,
-                                             .root = rooted(call.kind) ? call.root : -1});
+    const schedule s = detail::schedule_of(topo, call);
     detail::sim_program p = detail::make_program(s, call.count, call.elem_size, net.exec, call.in_place);
     p.expose = detail::exposes_sends(call.kind, call.algorithm);
     auto& same_hash = alike[detail::hash_of(p)];
