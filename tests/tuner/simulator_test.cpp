@@ -112,6 +112,21 @@ TEST_CASE("a sendrecv (every rank to the next) takes one message's time at any P
                        doctest::Contains("send_recv needs 2 or more ranks"), error);
 }
 
+TEST_CASE("the start of a message takes longer in flight: small_s_per_byte for each of its first 2 KiB") {
+  const double latency = 1e-6, per_byte = 1e-9;
+  for (bool inside : {true, false}) {
+    CAPTURE(inside);
+    sim_network net = network_of(inside ? std::vector<int>{0, 0} : one_per_node(2), latency, 0.0);
+    (inside ? net.intra : net.inter).small_s_per_byte = per_byte;
+    auto time_of = [&](std::size_t floats) {
+      return simulate(net, {.kind = collective::send_recv, .algorithm = algo::direct, .count = floats}).seconds;
+    };
+    CHECK(close(time_of(64), latency + 256 * per_byte, 1e-9));            // 256 B: all of it
+    CHECK(close(time_of(1024), latency + 2048 * per_byte, 1e-9));          // 4 KiB: its first 2
+    CHECK(close(time_of(std::size_t{1} << 20), latency + 2048 * per_byte, 1e-9));  // slices in flight at once
+  }
+}
+
 TEST_CASE("ranks that share a NIC share its bandwidth, and ranks on the cores do not") {
   // A ring over 4 ranks where every edge crosses nodes: with two ranks per node, each NIC
   // carries two streams at once.

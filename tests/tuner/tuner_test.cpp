@@ -87,7 +87,7 @@ TEST_CASE("tuning-file rules pin algorithms to sizes and ranks, the first match 
   const tuning_file f = tuning_file::parse(
       "# a comment\n"
       "cost intra 0.5 6   # us, GB/s\n"
-      "cost inter 15 1.9\n"
+      "cost inter 15 1.9 2 0.4   # and overhead, a message's first 2 KiB in us\n"
       "cost reduce 20\n"
       "cost memory 25 16M\n"
       "rule all_reduce 0-32K rd\n"
@@ -98,6 +98,14 @@ TEST_CASE("tuning-file rules pin algorithms to sizes and ranks, the first match 
   REQUIRE(f.intra.has_value());
   CHECK(f.intra->latency_s == doctest::Approx(0.5e-6));
   CHECK(f.intra->send_s_per_byte + f.intra->recv_s_per_byte == doctest::Approx(1e-9 / 6));
+  CHECK(f.intra->small_s_per_byte == 0);
+  REQUIRE(f.inter.has_value());
+  CHECK(f.inter->overhead_s == doctest::Approx(2e-6));
+  CHECK(f.inter->small_extra(1e6) == doctest::Approx(0.4e-6));
+  cost_model m;
+  m.inter = *f.inter;
+  CHECK(m.describe().find("inter 15.0 us (o 2.0 us) + 1.90 GB/s (+0.40 us over its first 2 KiB)") !=
+        std::string::npos);
   CHECK(*f.reduce_s_per_byte == doctest::Approx(1e-9 / 20));
   CHECK_FALSE(f.copy_s_per_byte.has_value());
   REQUIRE(f.memory.has_value());
@@ -116,7 +124,8 @@ TEST_CASE("a bad tuning file is refused with its name, line and what is wrong") 
   const char* bad[] = {"cost intra 0.5\n",         "cost sideways 1 2\n",  "cost reduce -3\n",
                        "rule all_reduce 1M-1K ring\n", "rule nothing * ring\n", "rule all_reduce * tree2\n",
                        "rule all_gather * tree\n",  "rule all_reduce 0-8 0 ring\n", "frobnicate\n",
-                       "cost memory 25\n",         "cost memory 25 lots\n", "cost memory 0 16M\n"};
+                       "cost memory 25\n",         "cost memory 25 lots\n", "cost memory 0 16M\n",
+                       "cost pull 0.5 8 0.2 0.4\n", "cost intra 0.5 6 0.2 -1\n", "cost\n"};
   for (const char* text : bad) {
     CAPTURE(text);
     try {

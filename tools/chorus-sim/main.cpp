@@ -84,11 +84,13 @@ void help() {
       "  -b, -e, -f             smallest and largest size in bytes (K/M/G suffixes), factor\n"
       "                         (defaults 8, 256M, 8)\n"
       "  --root R, --dtype T    rooted collectives' root (0); element type (float)\n"
-      "  --intra US:GBPS[:O]    inside a node: latency, GB/s each way per rank and each end's\n"
-      "                         overhead per message in us (0.5:20:0.1)\n"
+      "  --intra US:GBPS[:O[:S]] inside a node: latency, GB/s each way per rank, each end's\n"
+      "                         overhead per message in us (0.5:20:0.1), and what a message's\n"
+      "                         first 2 KiB add to its time in flight, in us (0)\n"
       "  --pull US:GBPS[:O]     inside a node, sends of direct and hierarchical steps that the\n"
       "                         receiver reads in place: latency, GB/s it reads, overhead (0.5:20:0.1)\n"
-      "  --inter US:GBPS[:O]    between nodes: latency, the node NIC's GB/s each way, overhead (5:25:1)\n"
+      "  --inter US:GBPS[:O[:S]] between nodes: latency, the node NIC's GB/s each way, overhead,\n"
+      "                         a message's first 2 KiB (5:25:1:0)\n"
       "  --reduce GBPS, --copy GBPS  reduction and local copy speed per core (20, 20)\n"
       "  --memory GBPS:CACHE    bytes a core reads or writes in the ranks' buffers cost it 1/GBPS ns\n"
       "                         more each, for the share of them beyond the CACHE bytes of a node's\n"
@@ -137,16 +139,21 @@ std::vector<std::string> split(const std::string& s, char sep);
 /// LATENCY_US:GBPS[:OVERHEAD_US]; GBPS is what one port moves each way.
 chorus::link_cost parse_link(std::string_view flag, const std::string& v, bool per_node) {
   const auto parts = split(v, ':');
-  if (parts.size() != 2 && parts.size() != 3) {
-    throw usage_error(std::string(flag) + " wants LATENCY_US:GBPS[:OVERHEAD_US], not '" + v + "'");
+  if (parts.size() < 2 || parts.size() > 4) {
+    throw usage_error(std::string(flag) + " wants LATENCY_US:GBPS[:OVERHEAD_US[:SMALL_US]], not '" + v + "'");
   }
   const double us = parse_positive(flag, parts[0]);
   const double gbps = parse_positive(flag, parts[1]);
-  const double o = parts.size() == 3 ? parse_positive(flag, parts[2]) : 0.0;
+  const double o = parts.size() >= 3 ? parse_positive(flag, parts[2]) : 0.0;
   // A rank's port (the cores) sends and receives through one core: each way takes half of
   // it. A node's NIC has a port each way.
   const double share = per_node ? 1.0 : 0.5;
-  return {us * 1e-6, share * 1e-9 / gbps, share * 1e-9 / gbps, o * 1e-6};
+  chorus::link_cost l{us * 1e-6, share * 1e-9 / gbps, share * 1e-9 / gbps, o * 1e-6};
+  if (parts.size() == 4) {
+    l.small_s_per_byte = parse_positive(flag, parts[3]) * 1e-6 /
+                         static_cast<double>(chorus::link_cost::small_message_bytes);
+  }
+  return l;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -229,6 +236,7 @@ options parse(int argc, char** argv) {
       o.intra = parse_link(a, v, false);
     } else if (a == "--pull") {
       const chorus::link_cost l = parse_link(a, v, true);  // one end's GB/s: the reader's
+      if (l.small_s_per_byte > 0) throw usage_error("--pull wants LATENCY_US:GBPS[:OVERHEAD_US], not '" + v + "'");
       o.pull = {l.latency_s, 0, l.send_s_per_byte, l.overhead_s};
     } else if (a == "--inter") {
       inter_text = v;
@@ -371,6 +379,13 @@ int main(int argc, char** argv) {
               o.cpu ? 1e-9 / (o.inter.send_s_per_byte + o.inter.recv_s_per_byte) : 1e-9 / o.inter.send_s_per_byte,
               o.cpu ? "per rank (on the cores)" : "per node NIC", 1e-9 / o.reduce_s_per_byte,
               1e-9 / o.copy_s_per_byte);
+  for (const auto& [name, l] : {std::pair{"intra", o.intra}, std::pair{"inter", o.inter}}) {
+    if (l.small_s_per_byte > 0) {
+      std::printf("# %s: a message's first %zu B take %.2f us more in flight\n", name,
+                  chorus::link_cost::small_message_bytes,
+                  l.small_extra(static_cast<double>(chorus::link_cost::small_message_bytes)) * 1e6);
+    }
+  }
   if (o.memory_s_per_byte > 0) {
     std::printf("# memory %.1f GB/s per core beyond %zu B of a node's ranks' buffers\n", 1e-9 / o.memory_s_per_byte,
                 o.cache_bytes);

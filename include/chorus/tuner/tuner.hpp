@@ -61,14 +61,20 @@ struct cost_model {
   /// overhead x0.87"); empty otherwise.
   std::string fitted;
 
-  /// "intra 0.4 us (o 0.2 us) + 6.1 GB/s, pull ..., inter ..., reduce 19.5 GB/s, copy 21.0 GB/s
-  /// (probe)": latency, per-message overhead of each end and the GB/s one rank moves each way
-  /// while also receiving.
+  /// "intra 0.4 us (o 0.2 us) + 6.1 GB/s (+0.45 us over its first 2 KiB), pull ..., inter ...,
+  /// reduce 19.5 GB/s, copy 21.0 GB/s (probe)": latency, per-message overhead of each end, the
+  /// GB/s one rank moves each way while also receiving, and what a message's start adds
+  /// (link_cost::small_s_per_byte; left out where nothing).
   std::string describe() const {
     auto link = [](const link_cost& c) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "%.1f us (o %.1f us) + %.2f GB/s", c.latency_s * 1e6,
-                    c.overhead_s * 1e6, 1e-9 / std::max(1e-30, c.send_s_per_byte + c.recv_s_per_byte));
+      char buf[160];
+      int at = std::snprintf(buf, sizeof buf, "%.1f us (o %.1f us) + %.2f GB/s", c.latency_s * 1e6,
+                             c.overhead_s * 1e6, 1e-9 / std::max(1e-30, c.send_s_per_byte + c.recv_s_per_byte));
+      if (c.small_s_per_byte > 0) {
+        std::snprintf(buf + at, sizeof buf - static_cast<std::size_t>(at), " (+%.2f us over its first %zu KiB)",
+                      c.small_extra(static_cast<double>(link_cost::small_message_bytes)) * 1e6,
+                      link_cost::small_message_bytes >> 10);
+      }
       return std::string(buf);
     };
     char tail[96];
@@ -100,7 +106,8 @@ struct tuning_rule {
 /// algorithms. One entry per line, '#' starts a comment:
 ///
 ///   cost intra 0.5 6.0 0.2    # latency in us, GB/s one rank moves each way, and optionally
-///                             # each end's overhead per message in us
+///                             # each end's overhead per message in us and what a message's
+///                             # first 2 KiB add to its time in flight, in us (intra, inter)
 ///   cost pull 0.5 8.0         # inside a node, sends read in place: GB/s the reader moves
 ///   cost inter 15 1.9
 ///   cost reduce 20            # GB/s
@@ -361,13 +368,18 @@ inline tuning_file tuning_file::parse(std::string_view text, const std::string& 
       return v;
     };
     if (w[0] == "cost") {
-      if ((w.size() == 4 || w.size() == 5) && (w[1] == "intra" || w[1] == "inter" || w[1] == "pull")) {
+      const bool link = w.size() >= 2 && (w[1] == "intra" || w[1] == "inter" || w[1] == "pull");
+      if (link && (w.size() == 4 || w.size() == 5 || (w.size() == 6 && w[1] != "pull"))) {
         const double us = number(w[2]), gbps = number(w[3]);
-        const double o = w.size() == 5 ? number(w[4]) : 0.0;
+        const double o = w.size() >= 5 ? number(w[4]) : 0.0;
         if (w[1] == "pull") {
           f.pull = link_cost{us * 1e-6, 0, 1e-9 / gbps, o * 1e-6};
         } else {
-          (w[1] == "intra" ? f.intra : f.inter) = link_cost{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps, o * 1e-6};
+          link_cost l{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps, o * 1e-6};
+          if (w.size() == 6) {
+            l.small_s_per_byte = number(w[5]) * 1e-6 / static_cast<double>(link_cost::small_message_bytes);
+          }
+          (w[1] == "intra" ? f.intra : f.inter) = l;
         }
       } else if (w.size() == 3 && (w[1] == "reduce" || w[1] == "copy")) {
         (w[1] == "reduce" ? f.reduce_s_per_byte : f.copy_s_per_byte) = 1e-9 / number(w[2]);
@@ -377,8 +389,8 @@ inline tuning_file tuning_file::parse(std::string_view text, const std::string& 
         if (!cache) throw bad("'" + w[3] + "' is not a size");
         f.memory = std::pair{1e-9 / gbps, *cache};
       } else {
-        throw bad("expected 'cost intra|inter|pull LATENCY_US GBPS [OVERHEAD_US]', 'cost reduce|copy GBPS' or "
-                  "'cost memory GBPS CACHE_BYTES'");
+        throw bad("expected 'cost intra|inter|pull LATENCY_US GBPS [OVERHEAD_US]', 'cost intra|inter "
+                  "LATENCY_US GBPS OVERHEAD_US SMALL_US', 'cost reduce|copy GBPS' or 'cost memory GBPS CACHE_BYTES'");
       }
     } else if (w[0] == "rule") {
       if (w.size() != 4 && w.size() != 5) throw bad("expected 'rule COLLECTIVE BYTES [RANKS] ALGORITHM'");

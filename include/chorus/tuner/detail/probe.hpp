@@ -223,7 +223,8 @@ inline std::pair<double, double> fit_latency_overhead(const topology& t, const c
 /// Measures the links every pair of this communicator uses and agrees on the costs: each
 /// pair fits per-message overhead from a burst of small messages against a burst of one
 /// (each extra message costs both ends o for its send and o for its receive), latency from
-/// the single small exchange less those overheads, and per-byte cost from a large exchange;
+/// the single small exchange less those overheads, per-byte cost from a large exchange, and
+/// what the start of a message adds (link_cost::small_s_per_byte) from a 2 KiB exchange;
 /// each rank times a reduction and a copy, and reads to price memory beyond the caches
 /// (fit_memory); an all_reduce averages it all. Kinds of link the communicator does not have
 /// keep `defaults`. Every figure is a median of many samples (the calibration's collectives'
@@ -271,8 +272,9 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
   // Sums of {latency, per-byte, overhead} for intra and inter links, the number of pairs
   // measuring each, the reduce and copy times, a barrier's, the per-byte cost of reading a
   // send in place inside a node, the ring all_gather's and the all_to_all's times, and the
-  // reads for memory beyond the caches (alone, nodes reading, together, ranks reading, cached).
-  std::array<double, 19> sum{};
+  // reads for memory beyond the caches (alone, nodes reading, together, ranks reading, cached),
+  // and what the start of a message adds, per byte of its first 2 KiB (intra, inter).
+  std::array<double, 21> sum{};
   // The calibration's collectives first, on the caller's thread as a blocking collective
   // runs, timed as a perf binary times a collective: warmed up, then rounds of runs, the
   // median round. Where ranks outnumber cores one barrier in ten takes ten times the median,
@@ -338,10 +340,11 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     // on 2 cores): subtracted from a large exchange timed alone, they made its bytes look
     // up to twice as cheap, by as much as the scheduler happened to cost. Without shared
     // cores the turn is everyone at once, and its small exchange is the latency's too.
-    double tl = 0, tp = 0, alone = 0;
+    double tl = 0, tp = 0, alone = 0, start = 0;
     in_turn(inter ? 1 : 2, [&] {
       if (partner < 0) return;
       alone = probe_exchange(comm, partner, out, in, small, 31);
+      start = probe_exchange(comm, partner, out, in, link_cost::small_message_bytes, 31);
       // Inside a node in the caches, between nodes out of the stretches (above).
       tl = probe_exchange(comm, partner, inter ? stretches.data() : out, in, large, 2 * windows, false,
                           inter ? windows : 1);
@@ -363,6 +366,12 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     sum[k + 1] += beyond_small(tl);
     sum[k + 2] += o;
     sum[k + 3] += 1;
+    // A message of 2 KiB beyond what its bytes cost at the large exchange's rate: the start
+    // of a message (link_cost::small_s_per_byte). 2 shared memory ranks here took 0.6 us for
+    // 8 B each way and 1.0 for 2 KiB, 0.3 us more than the bytes at 15 GB/s.
+    constexpr auto start_bytes = static_cast<double>(link_cost::small_message_bytes);
+    const double bulk = (start_bytes - static_cast<double>(small)) * beyond_small(tl);
+    sum[inter ? 20 : 19] += std::max(0.0, start - alone - bulk) / start_bytes;
     // Read in place, all of an exchange's per-byte cost is the reader's (each end reads once).
     if (!inter) sum[11] += beyond_small(tp);
   }
@@ -433,6 +442,7 @@ inline cost_model probe_costs(communicator& comm, const cost_model& defaults,
     // An exchange keeps both ends' ports busy with their send and their receive.
     l.send_s_per_byte = l.recv_s_per_byte = 0.5 * sum[k + 1] / sum[k + 3];
     l.overhead_s = sum[k + 2] / sum[k + 3];
+    l.small_s_per_byte = sum[inter ? 20 : 19] / sum[k + 3];
     if (!inter) c.pull.recv_s_per_byte = sum[11] / sum[k + 3];
   }
   c.reduce_s_per_byte = sum[8] / n;
@@ -520,7 +530,7 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     cached[0] = root.add(key + "/ready", 0);
   }
   comm.all_reduce(std::span<std::int64_t>(cached), {.op = reduce_op::max});
-  std::array<double, 14> v{};
+  std::array<double, 16> v{};
   if (cached[0] > 0) {
     std::vector<std::byte> bytes;
     {
@@ -538,6 +548,8 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     c.pull.recv_s_per_byte = v[11];
     c.memory_s_per_byte = v[12];
     c.cache_bytes = static_cast<std::size_t>(v[13]);
+    c.intra.small_s_per_byte = v[14];
+    c.inter.small_s_per_byte = v[15];
     with_pull_overheads(c);
     c.source = "cache";
     return c;
@@ -547,7 +559,8 @@ inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& 
     v = {c.intra.latency_s, c.intra.send_s_per_byte, c.intra.recv_s_per_byte, c.intra.overhead_s,
          c.inter.latency_s, c.inter.send_s_per_byte, c.inter.recv_s_per_byte, c.inter.overhead_s,
          c.reduce_s_per_byte, c.copy_s_per_byte, static_cast<double>(c.cores_per_node),
-         c.pull.recv_s_per_byte, c.memory_s_per_byte, static_cast<double>(c.cache_bytes)};
+         c.pull.recv_s_per_byte, c.memory_s_per_byte, static_cast<double>(c.cache_bytes),
+         c.intra.small_s_per_byte, c.inter.small_s_per_byte};
     std::lock_guard lk(lock);
     root.set(key, std::as_bytes(std::span(v)));
     root.add(key + "/ready", 1);
