@@ -106,6 +106,9 @@ TEST_CASE("tuning-file rules pin algorithms to sizes and ranks, the first match 
   m.inter = *f.inter;
   CHECK(m.describe().find("inter 15.0 us (o 2.0 us) + 1.90 GB/s (+0.40 us over its first 2 KiB)") !=
         std::string::npos);
+  // A latency of 200 digits is cut short in the text, and the start's cost still follows it.
+  m.inter = *tuning_file::parse("cost inter 1e200 1.9 2 0.4\n", "huge.tune").inter;
+  CHECK(m.describe().find(" (+0.40 us over its first 2 KiB), ") != std::string::npos);
   CHECK(*f.reduce_s_per_byte == doctest::Approx(1e-9 / 20));
   CHECK_FALSE(f.copy_s_per_byte.has_value());
   REQUIRE(f.memory.has_value());

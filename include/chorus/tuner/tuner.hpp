@@ -67,15 +67,17 @@ struct cost_model {
   /// (link_cost::small_s_per_byte; left out where nothing).
   std::string describe() const {
     auto link = [](const link_cost& c) {
-      char buf[160];
-      int at = std::snprintf(buf, sizeof buf, "%.1f us (o %.1f us) + %.2f GB/s", c.latency_s * 1e6,
-                             c.overhead_s * 1e6, 1e-9 / std::max(1e-30, c.send_s_per_byte + c.recv_s_per_byte));
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.1f us (o %.1f us) + %.2f GB/s", c.latency_s * 1e6,
+                    c.overhead_s * 1e6, 1e-9 / std::max(1e-30, c.send_s_per_byte + c.recv_s_per_byte));
+      std::string text = buf;
       if (c.small_s_per_byte > 0) {
-        std::snprintf(buf + at, sizeof buf - static_cast<std::size_t>(at), " (+%.2f us over its first %zu KiB)",
+        std::snprintf(buf, sizeof buf, " (+%.2f us over its first %zu KiB)",
                       c.small_extra(static_cast<double>(link_cost::small_message_bytes)) * 1e6,
                       link_cost::small_message_bytes >> 10);
+        text += buf;
       }
-      return std::string(buf);
+      return text;
     };
     char tail[96];
     std::snprintf(tail, sizeof tail, ", reduce %.1f GB/s, copy %.1f GB/s", 1e-9 / reduce_s_per_byte,
