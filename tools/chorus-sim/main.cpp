@@ -150,8 +150,7 @@ chorus::link_cost parse_link(std::string_view flag, const std::string& v, bool p
   const double share = per_node ? 1.0 : 0.5;
   chorus::link_cost l{us * 1e-6, share * 1e-9 / gbps, share * 1e-9 / gbps, o * 1e-6};
   if (parts.size() == 4) {
-    l.small_s_per_byte = parse_positive(flag, parts[3]) * 1e-6 /
-                         static_cast<double>(chorus::link_cost::small_message_bytes);
+    l.set_start_s(parse_positive(flag, parts[3]) * 1e-6);
   }
   return l;
 }
@@ -383,7 +382,7 @@ int main(int argc, char** argv) {
     if (l.small_s_per_byte > 0) {
       std::printf("# %s: a message's first %zu B take %.2f us more in flight\n", name,
                   chorus::link_cost::small_message_bytes,
-                  l.small_extra(static_cast<double>(chorus::link_cost::small_message_bytes)) * 1e6);
+                  l.start_s() * 1e6);
     }
   }
   if (o.memory_s_per_byte > 0) {

@@ -43,6 +43,10 @@ struct link_cost {
     return std::min(bytes, static_cast<double>(small_message_bytes)) * small_s_per_byte;
   }
   static constexpr std::size_t small_message_bytes = 2048;
+  /// The whole start: what a message of small_message_bytes or more adds (the number the
+  /// costs print, a tuning file and chorus-sim take), and its inverse.
+  double start_s() const { return small_extra(static_cast<double>(small_message_bytes)); }
+  void set_start_s(double s) { small_s_per_byte = s / static_cast<double>(small_message_bytes); }
 };
 
 /// The machine a collective runs on. Ports are what a transfer keeps busy: for links that

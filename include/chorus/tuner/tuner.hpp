@@ -73,7 +73,7 @@ struct cost_model {
       std::string text = buf;
       if (c.small_s_per_byte > 0) {
         std::snprintf(buf, sizeof buf, " (+%.2f us over its first %zu KiB)",
-                      c.small_extra(static_cast<double>(link_cost::small_message_bytes)) * 1e6,
+                      c.start_s() * 1e6,
                       link_cost::small_message_bytes >> 10);
         text += buf;
       }
@@ -379,7 +379,7 @@ inline tuning_file tuning_file::parse(std::string_view text, const std::string& 
         } else {
           link_cost l{us * 1e-6, 0.5e-9 / gbps, 0.5e-9 / gbps, o * 1e-6};
           if (w.size() == 6) {
-            l.small_s_per_byte = number(w[5]) * 1e-6 / static_cast<double>(link_cost::small_message_bytes);
+            l.set_start_s(number(w[5]) * 1e-6);
           }
           (w[1] == "intra" ? f.intra : f.inter) = l;
         }
