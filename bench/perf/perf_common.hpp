@@ -118,7 +118,9 @@ inline void print_help(collective c, std::FILE* f) {
                "  -e, --maxbytes N      largest size in bytes (default 64M)\n"
                "  -f, --stepfactor F    multiply the size by F between rows (default 2)\n"
                "  -n, --iters N         timed operations per size, per round with -R (default 20)\n"
-               "  -w, --warmup_iters N  untimed operations before timing each size (default 5)\n"
+               "  -w, --warmup_iters N  untimed operations before timing each size (default 5; with "
+               "several algorithms, one\n"
+               "                        more before each later turn, if N > 0)\n"
                "  -R, --rounds N        time each size N times (-n operations each; with several "
                "algorithms the rounds\n"
                "                        take them in turn) and report the median round "
@@ -1003,7 +1005,12 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
     // measured costs for all, and the same minute of a shared machine. With several rounds,
     // each takes its turn again in every round, and a row reports its median round: a pause of
     // the machine (another guest, a rank descheduled mid-step) then costs one round of one
-    // algorithm, not the comparison. Only the first round warms up.
+    // algorithm, not the comparison. The first round warms up with -w calls; with several
+    // algorithms each later turn with one, so that no algorithm is timed straight after
+    // another: the first calls after a different algorithm are slower (2 shared memory ranks,
+    // 4 MiB: a ring's first call after direct 520-910 us, its next ones 300-400), and with
+    // -n 1 every round of the ring that follows direct in turn was such a first call
+    // (bench/README.md, "An algorithm's turn").
     const std::size_t algos = o.algorithms.size();
     const auto rounds = static_cast<std::size_t>(o.rounds);
     std::vector<double> round_us(algos * rounds);  // [a * rounds + r]: this rank's mean per call
@@ -1011,8 +1018,9 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
       for (std::size_t a = 0; a < algos; ++a) {
         const chorus::algo requested = o.algorithms[a];
         comm.barrier();
-        if (r == 0 && o.warmup > 0) {
-          for (int i = 0; i < o.warmup; ++i) operation(row.count, requested);
+        const int warm = r == 0 ? o.warmup : several ? std::min(o.warmup, 1) : 0;
+        if (warm > 0) {
+          for (int i = 0; i < warm; ++i) operation(row.count, requested);
           comm.barrier();
         }
         const auto t0 = clock::now();
