@@ -1006,10 +1006,8 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
     // each takes its turn again in every round, and a row reports its median round: a pause of
     // the machine (another guest, a rank descheduled mid-step) then costs one round of one
     // algorithm, not the comparison. The first round warms up with -w calls; with several
-    // algorithms each later turn with one, so that no algorithm is timed straight after
-    // another: the first calls after a different algorithm are slower (2 shared memory ranks,
-    // 4 MiB: a ring's first call after direct 520-910 us, its next ones 300-400), and with
-    // -n 1 every round of the ring that follows direct in turn was such a first call
+    // algorithms each later turn with one (if -w > 0), because the first calls after a
+    // different algorithm are slower and no algorithm should be timed right after another
     // (bench/README.md, "An algorithm's turn").
     const std::size_t algos = o.algorithms.size();
     const auto rounds = static_cast<std::size_t>(o.rounds);
@@ -1018,7 +1016,7 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
       for (std::size_t a = 0; a < algos; ++a) {
         const chorus::algo requested = o.algorithms[a];
         comm.barrier();
-        const int warm = r == 0 ? o.warmup : several ? std::min(o.warmup, 1) : 0;
+        const int warm = r == 0 ? o.warmup : several && o.warmup > 0 ? 1 : 0;
         if (warm > 0) {
           for (int i = 0; i < warm; ++i) operation(row.count, requested);
           comm.barrier();
