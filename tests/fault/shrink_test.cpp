@@ -175,8 +175,10 @@ TEST_CASE("two failures one after the other: shrink twice, the second time witho
 }
 
 TEST_CASE("after a shrink, a replacement process joins through a new store (grow)") {
-  shared_counters shrunk(1);
-  const int grow_port = test::free_port();
+  // [0]: the ranks that shrank; [1]: the grow port, which the shrunk communicator's rank 0
+  // finds free just before grow() (one found at the start may be taken by then, by a
+  // listener of the job's own transports).
+  shared_counters shrunk(2);
   test::run_options o;
   o.env = quick_heartbeat;
   o.expect_killed = {3};
@@ -185,14 +187,16 @@ TEST_CASE("after a shrink, a replacement process joins through a new store (grow
       [&](int process) {
         if (process == 4) {
           const auto until = steady::now() + std::chrono::seconds(30);
-          while (shrunk[0] < 3 && steady::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          RANK_CHECK(shrunk[0] == 3);
+          while ((shrunk[0] < 3 || shrunk[1] == 0) && steady::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+          RANK_CHECK(shrunk[0] == 3 && shrunk[1] != 0);
           // What a launcher gives a replacement: rank 3 of 4 at the survivors' rendezvous.
           ::setenv("CHORUS_RANK", "3", 1);
           ::setenv("CHORUS_WORLD_SIZE", "4", 1);
           ::setenv("CHORUS_LOCAL_RANK", "3", 1);
           ::setenv("CHORUS_LOCAL_WORLD_SIZE", "4", 1);
-          ::setenv("CHORUS_MASTER_PORT", std::to_string(grow_port).c_str(), 1);
+          ::setenv("CHORUS_MASTER_PORT", std::to_string(shrunk[1].load()).c_str(), 1);
           auto comm = communicator::from_env<auto_transport>();
           RANK_CHECK(comm.rank() == 3 && comm.size() == 4);
           check_exact(comm, {0, 1, 2, 4});
@@ -205,8 +209,10 @@ TEST_CASE("after a shrink, a replacement process joins through a new store (grow
         RANK_CHECK(reduce_until_error(comm, 1 << 30, 1024).has_value());
         communicator small = comm.shrink();
         RANK_CHECK(small.size() == 3);
+        if (small.rank() == 0) shrunk[1] = test::free_port();
         ++shrunk[0];
-        communicator grown = small.grow(1, "127.0.0.1", static_cast<std::uint16_t>(grow_port));
+        small.barrier();  // every rank reads the port after rank 0 wrote it
+        communicator grown = small.grow(1, "127.0.0.1", static_cast<std::uint16_t>(shrunk[1].load()));
         RANK_CHECK(grown.rank() == comm.rank() && grown.size() == 4);
         check_exact(grown, {0, 1, 2, 4});
         // The shrunk communicator is untouched by grow().
