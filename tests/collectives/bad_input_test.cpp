@@ -58,6 +58,7 @@ namespace {
 /// Rank 1 issues a different call than everyone else; every rank must fail, none may hang,
 /// and at least one must say mismatch.
 void expect_mismatch(int n, const std::function<void(communicator&, bool odd)>& call) {
+  test::shared_counters said_mismatch(1);  // the ranks whose own error was the mismatch
   run_ranks(n, [&](communicator& comm) {
     errc code = errc::aborted;
     try {
@@ -67,9 +68,9 @@ void expect_mismatch(int n, const std::function<void(communicator&, bool odd)>& 
       std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), e.what());
     }
     RANK_CHECK(code == errc::mismatch || code == errc::remote_error || code == errc::connection_lost);
-    // Tell rank 0 whether anyone saw the mismatch itself: the store is independent of the
-    // failed data path.
+    if (code == errc::mismatch) ++said_mismatch[0];
   }, {.deadline = std::chrono::seconds(60), .env = {{"CHORUS_TIMEOUT", "20"}}});
+  CHECK_MESSAGE(said_mismatch[0].load() > 0, "no rank failed with errc::mismatch");
 }
 
 }  // namespace
