@@ -273,6 +273,28 @@ TEST_CASE("sends read in place cost their reader alone: a direct all_gather on o
   CHECK(close(time_of(algo::direct) - pulled, 9.0 * static_cast<double>(block * 4) * 0.5e-9, 0.02));
 }
 
+TEST_CASE("a reducing receive that shared memory lends in place costs its reduction, not a copy") {
+  // Recursive doubling on 2 ranks of one node: each sends its 64 KiB (one slice) and reduces
+  // the other's. Through a copy each core pays its send, its receive's copy and the
+  // reduction; lent, the send and the reduction.
+  const std::size_t count = 16384;
+  sim_network net = network_of(std::vector<int>(2, 0), 0.0, 2e-9, 0.5e-9);
+  net.exec.max_slice_bytes = 256 * 1024;  // a ring of 1 MiB
+  auto time_of = [&] {
+    return simulate(net, {.kind = collective::all_reduce, .algorithm = algo::recursive_doubling, .count = count}).seconds;
+  };
+  const auto bytes = static_cast<double>(count * 4);
+  CHECK(close(time_of(), bytes * 2.5e-9, 1e-9));  // no lending (TCP between the node's ranks)
+  net.intra_pulls = true;
+  CHECK(close(time_of(), bytes * 1.5e-9, 1e-9));
+  // A ring lends a payload only while half of it stays free, and none that would wrap round
+  // it: a ring of 64 KiB (slices of 16 KiB) lends some of the four slices, not all.
+  net.exec.max_slice_bytes = 16 * 1024;
+  const double small_ring = time_of();
+  CHECK(small_ring > bytes * 1.5e-9 * 1.05);
+  CHECK(small_ring < bytes * 2.5e-9 * 0.99);
+}
+
 TEST_CASE("a folded simulation (one node for all) gives exactly what every rank simulated gives") {
   int folded = 0, runs = 0;
   for (int per_node : {4, 8}) {

@@ -61,6 +61,13 @@ struct sim_network {
   /// (executor_job::expose) of at least `pull_min_bytes`, which the receiver reads in place:
   /// its core copies the bytes (recv_s_per_byte) and the sender's pays only its overhead; the
   /// send completes when the receiver has read it.
+  ///
+  /// The transport that pulls (chorus's shared memory) also lends: a reducing receive from
+  /// a rank of the node whose payload lies whole in its ring, without wrapping, while the
+  /// payloads lent from that ring take at most half of it, is reduced where it lies once
+  /// all of it is there: the receiver's core pays the reduction and its overhead, no copy
+  /// (shm/channel.hpp, may_lend). The ring is taken to be four of the executor's largest
+  /// slices (the transport cuts slices at a quarter of its ring).
   link_cost pull{};
   bool intra_pulls = false;
   std::size_t pull_min_bytes = 64 * 1024;  ///< the shared-memory transport's threshold
@@ -267,6 +274,11 @@ class sim_engine {
     queue<std::uint64_t> sends, recvs;  // discovered steps with this peer, in order
     std::uint32_t in_flight = 0;
     queue<arrival> arrived;  // slices the peer sent us, in its order
+    // Where the peer's shared memory ring lends (sim_network::intra_pulls): where its next
+    // frame starts, counted from when this rank last had business with the peer, and the
+    // frames lent (given back at, bytes).
+    std::uint64_t ring_at = 0;
+    std::vector<std::pair<double, std::uint64_t>> lent;
     bool idle() const { return sends.empty() && recvs.empty() && in_flight == 0 && arrived.empty(); }
     /// The earliest step with this peer still listed (none: after every step).
     std::uint64_t first_step() const {
@@ -444,6 +456,21 @@ class sim_engine {
             b * ((copies ? 2 : 0) + (reducing ? 1 : 0))};
   }
 
+  /// Whether the slice of `bytes` that rank `to` takes from `from` next is lent in place
+  /// (sim_network::intra_pulls): its frame's bytes in the ring, else 0. Moves the ring on.
+  std::uint64_t lends(peer_rt& ps, int from, int to, std::uint64_t bytes, bool reducing, double now) const {
+    if (!net_.intra_pulls || !same_node(from, to) || pulled(from, to, bytes)) return 0;
+    constexpr std::uint64_t prefix = 48, line = 64;  // shm_prefix_bytes, shm_line
+    const std::uint64_t ring = 4 * static_cast<std::uint64_t>(net_.exec.max_slice_bytes);
+    const std::uint64_t frame = (prefix + bytes + line - 1) / line * line;
+    const std::uint64_t at = (ps.ring_at + prefix) % ring;  // where the payload starts
+    ps.ring_at += frame;
+    std::erase_if(ps.lent, [&](const auto& l) { return l.first <= now; });
+    std::uint64_t held = 0;
+    for (const auto& l : ps.lent) held += l.second;
+    return reducing && bytes > 0 && at + bytes <= ring && held + frame <= ring / 2 ? frame : 0;
+  }
+
   void discover(int r, rank_state& rs) {
     const std::uint64_t total = prog(r).steps;
     while (rs.frontier < total && rs.frontier - rs.base < lookahead_) {
@@ -560,8 +587,15 @@ class sim_engine {
       const arrival a = ps.arrived.front();
       ps.arrived.pop_front();
       ++s.recv_taken;
-      const auto [work, touched] = receive_work(peer, r, a.bytes, reducing);
-      const double end = std::max(work > 0 ? busy(r, now, work, touched) : now, a.sent);
+      auto [work, touched] = receive_work(peer, r, a.bytes, reducing);
+      double start = now;
+      const std::uint64_t lent = lends(ps, peer, r, a.bytes, reducing, now);
+      if (lent > 0) {  // reduced in the ring, once the whole payload is there
+        work = net_.intra.overhead_s + static_cast<double>(a.bytes) * net_.reduce_s_per_byte;
+        start = std::max(now, a.sent);
+      }
+      const double end = std::max(work > 0 ? busy(r, start, work, touched) : start, a.sent);
+      if (lent > 0) ps.lent.emplace_back(end, lent);
       push({end, r, event_kind::applied, ps.rel, i});
       if (a.pulled_step != none) push({end, sim_peer, event_kind::sent, back, a.pulled_step});
       moved = true;
