@@ -281,7 +281,8 @@ TEST_CASE("a reducing receive that shared memory lends in place costs its reduct
   sim_network net = network_of(std::vector<int>(2, 0), 0.0, 2e-9, 0.5e-9);
   net.exec.max_slice_bytes = 256 * 1024;  // a ring of 1 MiB
   auto time_of = [&] {
-    return simulate(net, {.kind = collective::all_reduce, .algorithm = algo::recursive_doubling, .count = count}).seconds;
+    const sim_call rd{.kind = collective::all_reduce, .algorithm = algo::recursive_doubling, .count = count};
+    return simulate(net, rd).seconds;
   };
   const auto bytes = static_cast<double>(count * 4);
   CHECK(close(time_of(), bytes * 2.5e-9, 1e-9));  // no lending (TCP between the node's ranks)

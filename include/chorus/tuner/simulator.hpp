@@ -62,12 +62,14 @@ struct sim_network {
   /// its core copies the bytes (recv_s_per_byte) and the sender's pays only its overhead; the
   /// send completes when the receiver has read it.
   ///
-  /// The transport that pulls (chorus's shared memory) also lends: a reducing receive from
-  /// a rank of the node whose payload lies whole in its ring, without wrapping, while the
-  /// payloads lent from that ring take at most half of it, is reduced where it lies once
-  /// all of it is there: the receiver's core pays the reduction and its overhead, no copy
-  /// (shm/channel.hpp, may_lend). The ring is taken to be four of the executor's largest
-  /// slices (the transport cuts slices at a quarter of its ring).
+  /// Where `intra_pulls`, the ring lends as well (chorus's shared memory: the one transport
+  /// that pulls; it lends also with single copy turned off, which this does not follow): a
+  /// reducing receive from a rank of the node whose payload lies whole in the ring, without
+  /// wrapping, while the payloads lent from that ring take at most half of it, is reduced
+  /// where it lies once all of it is there. The receiver's core pays the reduction and its
+  /// overhead, no copy (shm/channel.hpp, may_lend). The ring is four times the transport's
+  /// cap on a slice (exec.max_slice_bytes: the transport cuts slices at a quarter of its
+  /// ring), its position counted from the start of the call.
   link_cost pull{};
   bool intra_pulls = false;
   std::size_t pull_min_bytes = 64 * 1024;  ///< the shared-memory transport's threshold
@@ -275,10 +277,14 @@ class sim_engine {
     std::uint32_t in_flight = 0;
     queue<arrival> arrived;  // slices the peer sent us, in its order
     // Where the peer's shared memory ring lends (sim_network::intra_pulls): where its next
-    // frame starts, counted from when this rank last had business with the peer, and the
-    // frames lent (given back at, bytes).
+    // frame starts and the frames lent, counted from when this rank last had business with
+    // the peer (a peer dropped while idle starts again at the ring's start, none lent).
     std::uint64_t ring_at = 0;
-    std::vector<std::pair<double, std::uint64_t>> lent;
+    struct lent_frame {
+      double until;  // its reduction's end, when the ring has it back
+      std::uint64_t bytes;
+    };
+    std::vector<lent_frame> lent;
     bool idle() const { return sends.empty() && recvs.empty() && in_flight == 0 && arrived.empty(); }
     /// The earliest step with this peer still listed (none: after every step).
     std::uint64_t first_step() const {
@@ -458,17 +464,23 @@ class sim_engine {
 
   /// Whether the slice of `bytes` that rank `to` takes from `from` next is lent in place
   /// (sim_network::intra_pulls): its frame's bytes in the ring, else 0. Moves the ring on.
-  std::uint64_t lends(peer_rt& ps, int from, int to, std::uint64_t bytes, bool reducing, double now) const {
-    if (!net_.intra_pulls || !same_node(from, to) || pulled(from, to, bytes)) return 0;
+  std::uint64_t lends(peer_rt& ps, int from, int to, std::uint64_t bytes, bool reducing,
+                      double now) {
+    if (!net_.intra_pulls || !same_node(from, to)) return 0;
     constexpr std::uint64_t prefix = 48, line = 64;  // shm_prefix_bytes, shm_line
+    if (pulled(from, to, bytes)) {
+      ps.ring_at += line;  // the frame naming the sender's buffer
+      return 0;
+    }
     const std::uint64_t ring = 4 * static_cast<std::uint64_t>(net_.exec.max_slice_bytes);
     const std::uint64_t frame = (prefix + bytes + line - 1) / line * line;
     const std::uint64_t at = (ps.ring_at + prefix) % ring;  // where the payload starts
     ps.ring_at += frame;
-    std::erase_if(ps.lent, [&](const auto& l) { return l.first <= now; });
+    std::erase_if(ps.lent, [&](const peer_rt::lent_frame& l) { return l.until <= now; });
     std::uint64_t held = 0;
-    for (const auto& l : ps.lent) held += l.second;
-    return reducing && bytes > 0 && at + bytes <= ring && held + frame <= ring / 2 ? frame : 0;
+    for (const auto& l : ps.lent) held += l.bytes;
+    const bool fits = at + bytes <= ring && held + frame <= ring / 2;
+    return reducing && bytes > 0 && fits ? frame : 0;
   }
 
   void discover(int r, rank_state& rs) {
@@ -590,12 +602,14 @@ class sim_engine {
       auto [work, touched] = receive_work(peer, r, a.bytes, reducing);
       double start = now;
       const std::uint64_t lent = lends(ps, peer, r, a.bytes, reducing, now);
-      if (lent > 0) {  // reduced in the ring, once the whole payload is there
+      if (lent > 0) {
+        // Reduced in the ring once the whole payload is there. It touches as many bytes of
+        // the ranks' buffers as a copied one: the receiver's own read, the result written.
         work = net_.intra.overhead_s + static_cast<double>(a.bytes) * net_.reduce_s_per_byte;
         start = std::max(now, a.sent);
       }
       const double end = std::max(work > 0 ? busy(r, start, work, touched) : start, a.sent);
-      if (lent > 0) ps.lent.emplace_back(end, lent);
+      if (lent > 0) ps.lent.push_back({end, lent});
       push({end, r, event_kind::applied, ps.rel, i});
       if (a.pulled_step != none) push({end, sim_peer, event_kind::sent, back, a.pulled_step});
       moved = true;

@@ -35,7 +35,8 @@ namespace chorus {
 /// Options of the shared-memory transport; from_env() reads the CHORUS_* variables below.
 struct shm_options {
   /// CHORUS_SHM_RING_BYTES: bytes of each ring, a power of two in [64 KiB, 256 MiB]. Slices
-  /// are at most a quarter of it, so that two lent payloads and the next frame fit at once.
+  /// are at most a quarter of it: with one payload lent (at most half the ring is), the
+  /// frames behind it still fit.
   /// 1 MiB measured best at 4 and 8 ranks on 2 cores (rings stay in cache), and no worse at 2.
   std::size_t ring_bytes = 1 << 20;
   std::chrono::milliseconds connect_timeout{120000};  ///< CHORUS_BOOTSTRAP_TIMEOUT (seconds)
