@@ -677,13 +677,8 @@ TEST_CASE("the TCP connection count is agreed: the machine's pick, or CHORUS_TCP
   // ranks of this test on fewer than 3 cores).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string picked = std::string("tcp conns ") + (3 > cores ? "1" : "4") + " ";
-  // Each job below has a store of its own, on a port rank 0 finds free just before the job
-  // starts: one found earlier may meanwhile be taken by a listener of the jobs before it.
-  auto fresh_port = [](communicator& comm) {
-    std::vector<std::int32_t> port{comm.rank() == 0 ? test::free_port() : 0};
-    comm.broadcast(std::span(port), 0);
-    return std::to_string(port[0]);
-  };
+  // Each job below has a store of its own, on a port found just before it starts.
+  auto fresh_port = [](communicator& comm) { return std::to_string(test::agreed_free_port(comm)); };
   run_ranks(3, [&](communicator& comm) {
     const std::string outer_port = std::getenv("CHORUS_MASTER_PORT");
     ::unsetenv("CHORUS_TCP_CONNS");

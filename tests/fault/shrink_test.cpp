@@ -175,9 +175,8 @@ TEST_CASE("two failures one after the other: shrink twice, the second time witho
 }
 
 TEST_CASE("after a shrink, a replacement process joins through a new store (grow)") {
-  // [0]: the ranks that shrank; [1]: the grow port, which the shrunk communicator's rank 0
-  // finds free just before grow() (one found at the start may be taken by then, by a
-  // listener of the job's own transports).
+  // [0]: the ranks that shrank; [1]: the grow port, found just before grow()
+  // (test::agreed_free_port), for the replacement.
   shared_counters shrunk(2);
   test::run_options o;
   o.env = quick_heartbeat;
@@ -209,10 +208,10 @@ TEST_CASE("after a shrink, a replacement process joins through a new store (grow
         RANK_CHECK(reduce_until_error(comm, 1 << 30, 1024).has_value());
         communicator small = comm.shrink();
         RANK_CHECK(small.size() == 3);
-        if (small.rank() == 0) shrunk[1] = test::free_port();
+        const int grow_port = test::agreed_free_port(small);
+        if (small.rank() == 0) shrunk[1] = grow_port;
         ++shrunk[0];
-        small.barrier();  // every rank reads the port after rank 0 wrote it
-        communicator grown = small.grow(1, "127.0.0.1", static_cast<std::uint16_t>(shrunk[1].load()));
+        communicator grown = small.grow(1, "127.0.0.1", static_cast<std::uint16_t>(grow_port));
         RANK_CHECK(grown.rank() == comm.rank() && grown.size() == 4);
         check_exact(grown, {0, 1, 2, 4});
         // The shrunk communicator is untouched by grow().

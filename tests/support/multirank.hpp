@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -93,6 +94,15 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+/// A port rank 0 of `comm` finds free now, the same on every rank: for a store a job makes
+/// next. Found just before use, not at the test's start, where a listener of the jobs
+/// before it may take it meanwhile.
+inline int agreed_free_port(communicator& comm) {
+  std::vector<std::int32_t> port{comm.rank() == 0 ? free_port() : 0};
+  comm.broadcast(std::span(port), 0);
+  return port[0];
 }
 
 struct run_options {
