@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -123,12 +124,28 @@ struct p2p_options {
 
 namespace detail {
 
+struct op_state;
+
+/// A communicator's queue of operations, as a waiting request sees it.
+struct op_runner {
+  /// Runs the queue's next operation on the calling thread, if the worker has not taken it
+  /// and nothing runs; returns whether it ran one. `waiting` holds the lock of an operation
+  /// of this queue that has not finished (which keeps the communicator alive: it drains its
+  /// queue before it goes); it is let go while the operation runs and held again after.
+  virtual bool run_next(std::unique_lock<std::mutex>& waiting) = 0;
+
+ protected:
+  ~op_runner() = default;
+};
+
 /// Shared between a request and the progress engine.
 struct op_state {
   std::mutex m;
   std::condition_variable cv;
   bool finished = false;
   std::exception_ptr failure;
+  /// The queue it waits in, once queued (set before it is, never changed after).
+  std::atomic<op_runner*> runner{nullptr};
 
   void finish(std::exception_ptr e) {
     {
@@ -157,9 +174,17 @@ class request {
   /// Blocks until the operation completes; rethrows its chorus::error. Each operation's
   /// deadline (communicator_options::timeout) starts when the progress engine starts it, so
   /// waiting on the k-th queued operation is bounded by about k timeouts.
+  ///
+  /// While the progress engine has not taken it or what is queued before it, the waiting
+  /// thread runs them itself: handing an operation to the engine's thread and its end back
+  /// cost 6-8 µs here, where a grouped send and receive of 8 B between two shared memory
+  /// ranks then takes 0.7.
   void wait() {
     if (!s_) return;
     std::unique_lock lk(s_->m);
+    for (detail::op_runner* q = nullptr; !s_->finished && (q = s_->runner.load(std::memory_order_acquire)) != nullptr;) {
+      if (!q->run_next(lk)) break;
+    }
     s_->cv.wait(lk, [&] { return s_->finished; });
     if (s_->failure) std::rethrow_exception(s_->failure);
   }

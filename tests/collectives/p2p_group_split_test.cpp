@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/multirank.hpp"
@@ -71,6 +73,64 @@ TEST_CASE("asynchronous sends and receives complete, and pairs exchange both way
       comm.recv(std::span(in), left);
       s.wait();
       RANK_CHECK(holds(in, left, 1));
+    });
+  }
+}
+
+TEST_CASE("queued operations complete whichever thread waits first and in whatever order") {
+  // A waiting request runs what is queued before it itself where the worker has not taken
+  // it (request::wait): waited last first, from two threads at once, and with the
+  // communicator destroyed while another thread waits, every operation still completes in
+  // issue order, exactly.
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    run_ranks(n, [](communicator& comm) {
+      const int r = comm.rank();
+      const int nn = comm.size();
+      constexpr std::size_t k = 6;
+      auto expected = [&](std::size_t j) {  // the sum over ranks of (rank + 1) * (j + 1)
+        return static_cast<std::int32_t>(j + 1) * nn * (nn + 1) / 2;
+      };
+      std::vector<std::vector<std::int32_t>> bufs(k, std::vector<std::int32_t>(1000));
+      auto fill = [&] {
+        for (std::size_t j = 0; j < k; ++j) std::fill(bufs[j].begin(), bufs[j].end(), (r + 1) * static_cast<std::int32_t>(j + 1));
+      };
+      auto all_hold = [&] {
+        for (std::size_t j = 0; j < k; ++j) {
+          for (std::int32_t v : bufs[j]) {
+            if (v != expected(j)) return false;
+          }
+        }
+        return true;
+      };
+
+      fill();
+      std::vector<request> reqs;
+      for (std::size_t j = 0; j < k; ++j) reqs.push_back(comm.all_reduce_async(std::span(bufs[j])));
+      for (std::size_t j = k; j-- > 0;) reqs[j].wait();
+      RANK_CHECK(all_hold());
+
+      fill();
+      reqs.clear();
+      for (std::size_t j = 0; j < k; ++j) reqs.push_back(comm.all_reduce_async(std::span(bufs[j])));
+      std::thread other([&] { reqs[1].wait(); });
+      reqs[k - 1].wait();
+      other.join();
+      for (auto& q : reqs) q.wait();
+      RANK_CHECK(all_hold());
+
+      // A sub-communicator destroyed while another thread still waits on its operations.
+      fill();
+      reqs.clear();
+      std::thread waiter;
+      {
+        communicator child = comm.split(0, r).value();
+        for (std::size_t j = 0; j < k; ++j) reqs.push_back(child.all_reduce_async(std::span(bufs[j])));
+        waiter = std::thread([&] { reqs[k - 1].wait(); });
+      }
+      waiter.join();
+      for (auto& q : reqs) q.wait();
+      RANK_CHECK(all_hold());
     });
   }
 }
