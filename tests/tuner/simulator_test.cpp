@@ -157,6 +157,31 @@ TEST_CASE("ranks that outnumber their node's cores share them: a ring on 4 ranks
   CHECK(close(time_of(1), 4 * own, 0.05));
 }
 
+TEST_CASE("shared cores are dealt out over short collectives and pooled over long ones") {
+  // 3 ranks of a ring on 2 cores: dealt out, ranks 0 and 2 share a core and the ring goes at
+  // their pace; pooled, the three share both cores' time.
+  auto time_of = [&](int ranks, std::size_t count, double pool_after_s) {
+    sim_network net = network_of(std::vector<int>(static_cast<std::size_t>(ranks), 0), 1e-6, 1e-9, 1e-9);
+    net.cores_per_node = 2;
+    net.pool_after_s = pool_after_s;
+    return simulate(net, {.kind = collective::all_reduce, .algorithm = algo::ring, .count = count}).seconds;
+  };
+  const double never = 0, always = 1e-12;  // dealt out only; pooled only
+  const std::size_t large = std::size_t{1} << 26;
+  const double dealt = time_of(3, large, never), pooled = time_of(3, large, always);
+  CHECK(pooled < 0.85 * dealt);
+  const double blended = time_of(3, large, 0.02);
+  CHECK(blended > pooled);
+  CHECK(blended < dealt);
+  // The longer a collective, the more of the pooled time it takes.
+  const double w = (dealt - blended) / (dealt - pooled);
+  CHECK(close(w, pooled / (pooled + 0.02), 1e-9));
+  // A small one is priced as dealt out, within its weight (under 0.1% here).
+  CHECK(close(time_of(3, 8, 0.02), time_of(3, 8, never), 1e-3));
+  // Ranks that each have a core of their own are priced alike either way.
+  CHECK(time_of(2, large, always) == time_of(2, large, never));
+}
+
 TEST_CASE("bytes beyond the caches cost each core their memory time, as the share of buffers the caches miss") {
   // One node of 2 ranks, every byte through the cores at 1 ns each end. A ring all_reduce of
   // S bytes a rank: each rank's buffers are 2S (input and output), the node's 4S.

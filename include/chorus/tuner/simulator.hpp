@@ -83,6 +83,16 @@ struct sim_network {
   /// Cores each node's ranks share, one to every `cores_per_node`-th local rank (0: a core
   /// per rank). Where ranks outnumber cores, their copies and reductions queue for them.
   int cores_per_node = 0;
+  /// How the operating system shares those cores: over a short span each rank stays on the
+  /// core it was dealt; over longer ones the scheduler evens the load out, as if any core of
+  /// the node took a rank's next piece of work (the earliest free; a rank's own work still
+  /// one piece at a time). A collective is priced both ways, the pooled time weighing
+  /// pooled / (pooled + pool_after_s). At 3 ranks on 2 cores a ring's ranks are equally
+  /// busy: dealt out, two share a core and the ring runs at their pace, 1.25-1.5x slower
+  /// than the 64-256 MiB all_reduces measured here, while pooled, the shorter ones came out
+  /// up to 1.3x too fast. Replaying two sweeps (bench/README.md), any of 10 to 60 ms put
+  /// more rows within 25% and more picks within 10% than either alone; 0: dealt out only.
+  double pool_after_s = 0.02;
   double reduce_s_per_byte = 0;  ///< gamma: applying a reduction, per byte, on the receiver's core
   double copy_s_per_byte = 0;    ///< a local copy step, per byte
   /// Memory beyond the caches: where the buffers of a node's ranks (sim_call::in_place says
@@ -137,9 +147,10 @@ class sim_engine {
   /// `simulated` below the network's size, only ranks 0 .. simulated - 1 are simulated, each
   /// standing for every rank r + k * simulated (see simulate()): program_of has `simulated`
   /// entries, and a message to rank p is received by rank p mod simulated. `footprint`: the
-  /// bytes of one rank's buffers (sim_network::cache_bytes).
+  /// bytes of one rank's buffers (sim_network::cache_bytes). `pooled`: the node's cores
+  /// pooled rather than dealt out (sim_network::pool_after_s).
   sim_engine(const sim_network& net, std::vector<sim_program> programs, std::vector<std::uint32_t> program_of,
-             int simulated, double footprint = 0)
+             int simulated, double footprint = 0, bool pooled = false)
       : net_(net), progs_(std::move(programs)), prog_of_(std::move(program_of)), sim_(simulated) {
     const int n = simulated;
     ranks_.resize(static_cast<std::size_t>(n));
@@ -158,6 +169,8 @@ class sim_engine {
       cores = std::max(cores, core_of_[static_cast<std::size_t>(r)] + 1);
     }
     cpu_.resize(static_cast<std::size_t>(cores));
+    pool_ = net.cores_per_node > 0 && pooled;  // see busy()
+    rank_free_.assign(static_cast<std::size_t>(n), 0.0);
     nic_tx_.resize(static_cast<std::size_t>(nodes));
     nic_rx_.resize(static_cast<std::size_t>(nodes));
     // What a byte touched costs each rank's core from memory: the memory's cost for the
@@ -385,8 +398,21 @@ class sim_engine {
   /// Keeps rank r's core busy from `now` (or when it frees) for `seconds` of work that touches
   /// `touched` bytes of the ranks' buffers (a byte written counting twice), and for the memory
   /// time of the share of those its node's caches miss. Returns when the work is done.
+  /// Pooled (sim_network::pool_after_s), the work goes to whichever of the node's cores can
+  /// start it first, its own dealt core on a tie, once the rank's last work is done.
   double busy(int r, double now, double seconds, double touched) {
-    return reserve(core(r), now, seconds + touched * memory_of_[static_cast<std::size_t>(r % sim_)]);
+    const auto i = static_cast<std::size_t>(r % sim_);
+    const double work = seconds + touched * memory_of_[i];
+    if (!pool_) return reserve(core(r), now, work);
+    const double start = std::max(now, rank_free_[i]);
+    const int home = core_of_[i];
+    const int first = home - home % net_.cores_per_node;  // the node's cores, from its first
+    sim_port* best = &cpu_[static_cast<std::size_t>(home)];
+    for (int c = first; c < first + net_.cores_per_node; ++c) {
+      sim_port& p = cpu_[static_cast<std::size_t>(c)];
+      if (std::max(start, p.free_at) < std::max(start, best->free_at)) best = &p;
+    }
+    return rank_free_[i] = reserve(*best, start, work);
   }
 
   /// Whether a slice of `bytes` from `from` to `to` is read in place by the receiver.
@@ -636,6 +662,8 @@ class sim_engine {
   }
 
   std::vector<int> core_of_;
+  bool pool_ = false;               // the node's cores pooled (busy())
+  std::vector<double> rank_free_;   // pooled: when each simulated rank's last work ends
   std::vector<sim_port> cpu_, nic_tx_, nic_rx_, up_, down_;
   std::vector<double> memory_of_;  // per simulated rank: its core's memory seconds per byte touched
   std::vector<event> events_;  // a heap (later)
@@ -842,8 +870,18 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
     }
   }
   program_of.resize(static_cast<std::size_t>(simulated));
+  // Shared cores (sim_network::pool_after_s): the ranks dealt out to the cores, and the
+  // cores pooled, blended by how long the pooled run takes.
+  const bool blend = net.cores_per_node > 0 && net.pool_after_s > 0;
+  const double pooled = blend ? detail::sim_engine(net, progs, program_of, simulated, detail::footprint(call, n),
+                                                   true).run().seconds
+                              : 0.0;
   detail::sim_engine e(net, std::move(progs), std::move(program_of), simulated, detail::footprint(call, n));
   sim_result result = e.run();
+  if (blend) {
+    const double w = pooled / (pooled + net.pool_after_s);
+    result.seconds = (1 - w) * result.seconds + w * pooled;
+  }
   result.simulated = simulated;
   result.compared = compared;
   return result;
