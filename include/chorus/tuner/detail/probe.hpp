@@ -83,9 +83,10 @@ inline double probe_exchange(communicator& comm, int partner, std::byte* out, st
 
 /// Median seconds that `k` - 1 extra small messages each way with `partner` add to a group
 /// of one: bursts of `k` and of one alternate, and each pair's difference is one sample. A
-/// group runs on the communicator's worker thread, so either burst alone includes the
-/// hand-off to that thread (10 µs here, 20 times an 8-byte exchange); alternating them, both
-/// of a pair see the machine alike even while it is briefly slower (another guest's turn).
+/// group runs on the communicator's worker thread unless the waiting thread takes it first
+/// (request::wait), so either burst alone may include the hand-off to that thread (6-10 µs
+/// here, 10-20 times an 8-byte exchange); alternating them, both of a pair see the machine
+/// alike even while it is briefly slower (another guest's turn).
 inline double probe_burst(communicator& comm, int partner, std::byte* out, std::byte* in, int k,
                           int reps) {
   auto burst = [&](int messages) {
