@@ -180,6 +180,17 @@ TEST_CASE("shared cores are dealt out over short collectives and pooled over lon
   CHECK(close(time_of(3, 8, 0.02), time_of(3, 8, never), 1e-3));
   // Ranks that each have a core of their own are priced alike either way.
   CHECK(time_of(2, large, always) == time_of(2, large, never));
+  // A node with fewer ranks than cores beside one with more: its ranks may take any of its
+  // cores, dealt to a rank or not.
+  sim_network net = network_of({0, 0, 0, 0, 0, 1, 1}, 1e-6, 1e-9, 1e-9);
+  net.cores_per_node = 4;
+  const sim_call call{.kind = collective::all_reduce, .algorithm = algo::ring, .count = large};
+  net.pool_after_s = never;
+  const double uneven_dealt = simulate(net, call).seconds;
+  net.pool_after_s = always;
+  const double uneven_pooled = simulate(net, call).seconds;
+  CHECK(uneven_pooled > 0);
+  CHECK(uneven_pooled <= uneven_dealt);
 }
 
 TEST_CASE("bytes beyond the caches cost each core their memory time, as the share of buffers the caches miss") {

@@ -47,6 +47,7 @@ struct options {
   int ranks = 0;
   int per_node = 1;
   int cores = 0;  // per node; 0: a core per rank
+  double pool_after_s = chorus::sim_network{}.pool_after_s;
   int nodes_per_leaf = 0;
   double oversubscription = 1;
   std::string topology = "flat";
@@ -105,6 +106,10 @@ void help() {
       "  --max-slice B          the transport's cap on a slice (64M; chorus's shared memory: a\n"
       "                         quarter of its ring, 256K by default)\n"
       "  --cores C              each node's ranks share C cores (default: a core per rank)\n"
+      "  --pool-after MS        with --cores: how long a collective runs before the scheduler has\n"
+      "                         evened out the shared cores' load (20); the time priced with the\n"
+      "                         cores pooled weighs pooled / (pooled + MS), the rest as dealt out\n"
+      "                         (0: dealt out only)\n"
       "  --fold-above N         above N ranks (4096), where every node runs what the first does\n"
       "                         and receives from one other node, simulate only the first (0: at\n"
       "                         any size)\n"
@@ -243,6 +248,8 @@ options parse(int argc, char** argv) {
       inter_text = v;
     } else if (a == "--cores") {
       o.cores = parse_int(a, v, 1, 65536);
+    } else if (a == "--pool-after") {
+      o.pool_after_s = v == "0" ? 0.0 : parse_positive(a, v) * 1e-3;
     } else if (a == "--reduce") {
       o.reduce_s_per_byte = 1e-9 / parse_positive(a, v);
     } else if (a == "--copy") {
@@ -355,6 +362,7 @@ int main(int argc, char** argv) {
   net.nodes_per_leaf = o.nodes_per_leaf;
   net.oversubscription = o.oversubscription;
   net.cores_per_node = o.cores < o.per_node ? o.cores : 0;
+  net.pool_after_s = o.pool_after_s;
   net.reduce_s_per_byte = o.reduce_s_per_byte;
   net.copy_s_per_byte = o.copy_s_per_byte;
   net.memory_s_per_byte = o.memory_s_per_byte;
@@ -364,9 +372,14 @@ int main(int argc, char** argv) {
   const std::size_t es = chorus::size_of(o.type);
   const int nodes = (o.ranks + o.per_node - 1) / o.per_node;
 
+  std::string cores;
+  if (net.cores_per_node > 0) {
+    char pool[48] = ", dealt out";
+    if (net.pool_after_s > 0) std::snprintf(pool, sizeof pool, ", pooled after %g ms", net.pool_after_s * 1e3);
+    cores = " on " + std::to_string(net.cores_per_node) + " cores" + pool;
+  }
   std::printf("# chorus-sim: %s, %d ranks (%d nodes x %d ranks%s%s), %s\n",
-              std::string(chorus::to_string(o.kind)).c_str(), o.ranks, nodes, o.per_node,
-              net.cores_per_node > 0 ? (" on " + std::to_string(net.cores_per_node) + " cores").c_str() : "",
+              std::string(chorus::to_string(o.kind)).c_str(), o.ranks, nodes, o.per_node, cores.c_str(),
               o.nodes_per_leaf > 0 ? (", " + std::to_string(o.nodes_per_leaf) + " nodes per leaf, " +
                                       std::to_string(o.oversubscription) + ":1 uplinks").c_str()
                                    : "",

@@ -168,6 +168,8 @@ class sim_engine {
           net.cores_per_node > 0 ? node * net.cores_per_node + local % net.cores_per_node : r;
       cores = std::max(cores, core_of_[static_cast<std::size_t>(r)] + 1);
     }
+    // Pooled, a rank may take any of its node's cores, dealt to a rank or not.
+    if (pooled && net.cores_per_node > 0) cores = std::max(cores, nodes * net.cores_per_node);
     cpu_.resize(static_cast<std::size_t>(cores));
     pool_ = net.cores_per_node > 0 && pooled;  // see busy()
     rank_free_.assign(static_cast<std::size_t>(n), 0.0);
@@ -779,6 +781,17 @@ inline std::vector<int> fold_checks(int n, int unit) {
   return v;
 }
 
+/// Whether a node of `net` has more ranks than cores (sim_network::cores_per_node).
+inline bool shares_cores(const sim_network& net) {
+  if (net.cores_per_node <= 0) return false;
+  std::vector<int> ranks_on;
+  for (int v : net.node_of) {
+    if (static_cast<std::size_t>(v) >= ranks_on.size()) ranks_on.resize(static_cast<std::size_t>(v) + 1, 0);
+    if (++ranks_on[static_cast<std::size_t>(v)] > net.cores_per_node) return true;
+  }
+  return false;
+}
+
 }  // namespace detail
 
 /// Simulates `call` on every rank of `net` and returns when the last rank finishes.
@@ -872,7 +885,7 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
   program_of.resize(static_cast<std::size_t>(simulated));
   // Shared cores (sim_network::pool_after_s): the ranks dealt out to the cores, and the
   // cores pooled, blended by how long the pooled run takes.
-  const bool blend = net.cores_per_node > 0 && net.pool_after_s > 0;
+  const bool blend = net.cores_per_node > 0 && net.pool_after_s > 0 && detail::shares_cores(net);
   const double pooled = blend ? detail::sim_engine(net, progs, program_of, simulated, detail::footprint(call, n),
                                                    true).run().seconds
                               : 0.0;
