@@ -92,8 +92,11 @@ TEST_CASE("queued operations complete whichever thread waits first and in whatev
         return static_cast<std::int32_t>(j + 1) * nn * (nn + 1) / 2;
       };
       std::vector<std::vector<std::int32_t>> bufs(k, std::vector<std::int32_t>(1000));
-      auto fill = [&] {
+      std::vector<request> reqs;
+      auto issue = [&](communicator& c) {  // fresh inputs, k all_reduces queued on c
         for (std::size_t j = 0; j < k; ++j) std::fill(bufs[j].begin(), bufs[j].end(), (r + 1) * static_cast<std::int32_t>(j + 1));
+        reqs.clear();
+        for (std::size_t j = 0; j < k; ++j) reqs.push_back(c.all_reduce_async(std::span(bufs[j])));
       };
       auto all_hold = [&] {
         for (std::size_t j = 0; j < k; ++j) {
@@ -104,15 +107,11 @@ TEST_CASE("queued operations complete whichever thread waits first and in whatev
         return true;
       };
 
-      fill();
-      std::vector<request> reqs;
-      for (std::size_t j = 0; j < k; ++j) reqs.push_back(comm.all_reduce_async(std::span(bufs[j])));
+      issue(comm);
       for (std::size_t j = k; j-- > 0;) reqs[j].wait();
       RANK_CHECK(all_hold());
 
-      fill();
-      reqs.clear();
-      for (std::size_t j = 0; j < k; ++j) reqs.push_back(comm.all_reduce_async(std::span(bufs[j])));
+      issue(comm);
       std::thread other([&] { reqs[1].wait(); });
       reqs[k - 1].wait();
       other.join();
@@ -120,12 +119,10 @@ TEST_CASE("queued operations complete whichever thread waits first and in whatev
       RANK_CHECK(all_hold());
 
       // A sub-communicator destroyed while another thread still waits on its operations.
-      fill();
-      reqs.clear();
       std::thread waiter;
       {
         communicator child = comm.split(0, r).value();
-        for (std::size_t j = 0; j < k; ++j) reqs.push_back(child.all_reduce_async(std::span(bufs[j])));
+        issue(child);
         waiter = std::thread([&] { reqs[k - 1].wait(); });
       }
       waiter.join();

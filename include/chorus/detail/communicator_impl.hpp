@@ -496,15 +496,22 @@ struct communicator::impl final : detail::op_runner {
     return enqueue(lk, std::move(g), true);
   }
 
+  /// The next queued operation, marked running (m held; it runs outside m, and whoever
+  /// took it clears busy under m once it has finished).
+  detail::op_desc take_next() {
+    detail::op_desc d = std::move(queue.front());
+    queue.pop_front();
+    busy = true;
+    return d;
+  }
+
   /// A waiting request runs the next queued operation itself (detail::op_runner): the
   /// worker takes it otherwise, as work() does. The worker is woken after it only where the
   /// waiter stops (its own operation done) and more is queued, or to end.
   bool run_next(std::unique_lock<std::mutex>& waiting) override {
     std::unique_lock lk(m);
     if (busy || queue.empty()) return false;
-    detail::op_desc d = std::move(queue.front());
-    queue.pop_front();
-    busy = true;
+    detail::op_desc d = take_next();
     const bool last = waiting.mutex() == &d.state->m;  // the waiter's own: it stops after
     lk.unlock();
     waiting.unlock();
@@ -529,9 +536,7 @@ struct communicator::impl final : detail::op_runner {
       // instead, the operation would then wait for the end of its time slice, not overlap
       // with it (an 8 B all_reduce_async beside 0.2-1 ms of computing: done 16-17 µs after
       // it over TCP, 2 ranks, against 0.1 µs).
-      detail::op_desc d = std::move(queue.front());
-      queue.pop_front();
-      busy = true;
+      detail::op_desc d = take_next();
       lk.unlock();
       d.state->finish(execute(d));
       lk.lock();

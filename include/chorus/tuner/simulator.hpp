@@ -885,7 +885,7 @@ inline sim_result simulate(const sim_network& net, const sim_call& call) {
   program_of.resize(static_cast<std::size_t>(simulated));
   // Shared cores (sim_network::pool_after_s): the ranks dealt out to the cores, and the
   // cores pooled, blended by how long the pooled run takes.
-  const bool blend = net.cores_per_node > 0 && net.pool_after_s > 0 && detail::shares_cores(net);
+  const bool blend = net.pool_after_s > 0 && detail::shares_cores(net);
   const double pooled = blend ? detail::sim_engine(net, progs, program_of, simulated, detail::footprint(call, n),
                                                    true).run().seconds
                               : 0.0;
