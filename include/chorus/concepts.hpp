@@ -66,6 +66,9 @@ using clock = std::chrono::steady_clock;
 ///    `remember(calls)` is given, once, the executor's record of this rank's recent calls,
 ///    against which the transport describes a frame left over from an earlier call
 ///    (check_header) and the call a failed peer names in its abort (peer_failed).
+///    Optionally, `post_check(peer, h)` queues a check frame (detail::frame_check, header
+///    `h`) behind the frames already queued to `peer`, and a transport that has it reads a
+///    peer's check frames with detail::read_check, outside the order of messages.
 ///    Optionally, `reads_in_place()` says that every peer of this rank's node reads our
 ///    exposable sends in place, so that the tuner prices them so (transports without it
 ///    never do).
@@ -103,6 +106,7 @@ class any_transport {
   virtual std::size_t max_slice_bytes() const = 0;
   virtual void remember(const call_history* calls) = 0;
   virtual bool reads_in_place() const = 0;
+  virtual void post_check(int peer, const frame_header& h) = 0;
 };
 
 template <transport T>
@@ -130,6 +134,9 @@ class transport_model final : public any_transport {
   }
   void remember(const call_history* calls) override {
     if constexpr (requires { t_.remember(calls); }) t_.remember(calls);
+  }
+  void post_check(int peer, const frame_header& h) override {
+    if constexpr (requires { t_.post_check(peer, h); }) t_.post_check(peer, h);
   }
   bool reads_in_place() const override {
     if constexpr (requires { t_.reads_in_place(); }) {

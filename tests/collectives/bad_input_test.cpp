@@ -107,6 +107,37 @@ TEST_CASE("a different dtype, op, collective or order on one rank is a mismatch,
   }
 }
 
+TEST_CASE("ranks that wait for each other in calls that differ fail with mismatch, not at their timeouts") {
+  // Roots that differ: at 2 ranks each waits to receive from the other, and no frame is
+  // ever sent. The wait's check frames name the calls (CHORUS_TIMEOUT is 20 s here, and a
+  // timeout is not among the errors expect_mismatch accepts).
+  for (int n : {2, 3}) {
+    for (algo a : {algo::chain, algo::binomial}) {
+      const std::string algorithm(to_string(a));
+      CAPTURE(n);
+      CAPTURE(algorithm);
+      expect_mismatch(n, [a](communicator& comm, bool odd) {
+        std::vector<float> v(1000, 1.0f);
+        comm.broadcast(std::span(v), odd ? 0 : 1, {.algorithm = a});
+      });
+    }
+  }
+}
+
+TEST_CASE("a rank that comes late to the same call is waited for, however many checks its peers send") {
+  run_ranks(3, [](communicator& comm) {
+    // The others wait about 1.5 s: check frames at 0.25, 0.75 s and later, all of the same call.
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::vector<float> v(1000, comm.rank() == 0 ? 3.0f : 0.0f);
+    comm.broadcast(std::span(v), 0);
+    RANK_CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 3.0f; }));
+    if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::vector<float> w(4096, 1.0f);
+    comm.all_reduce(std::span(w));
+    RANK_CHECK(std::all_of(w.begin(), w.end(), [](float x) { return x == 3.0f; }));
+  }, {.deadline = std::chrono::seconds(60), .env = {{"CHORUS_TIMEOUT", "20"}}});
+}
+
 TEST_CASE("bad arguments are rejected with invalid_argument before anything is sent") {
   run_ranks(2, [](communicator& comm) {
     std::vector<float> f(8);

@@ -82,6 +82,15 @@ bytes abort_frame(std::string_view text) {
   return out;
 }
 
+/// A check frame (frame_check) for the fingerprint's call; `length` bytes it must not have.
+bytes check_frame(std::uint32_t length = 0) {
+  frame_header h = check_header_of(make_header(fingerprint, 0, 0, 0));
+  h.length = length;
+  bytes out;
+  append(out, std::as_bytes(std::span(&h, 1)));
+  return out;
+}
+
 bytes stream(unsigned control, std::initializer_list<bytes> frames) {
   bytes out{static_cast<std::byte>(control)};
   for (const auto& f : frames) append(out, f);
@@ -101,6 +110,8 @@ void frame_seeds() {
   seed("frame", "abort_frame", stream(0, {abort_frame("out of memory")}));
   seed("frame", "frame_then_abort",
        stream(1, {frame(0, pattern(12)), abort_frame("recv from rank 2 timed out")}));
+  seed("frame", "check_then_frame", stream(1, {check_frame(), frame(0, pattern(12))}));
+  seed("frame", "check_with_a_length", stream(0, {check_frame(12), frame(0, pattern(12))}));
   seed("frame", "bad_magic", stream(0, {frame(0, pattern(12), 0x12345678)}));
   seed("frame", "mismatched_count", stream(skew_count, {frame(0, pattern(12))}));
   seed("frame", "mismatched_slice",
@@ -196,6 +207,11 @@ void shm_frame_seeds() {
        ring_input(0, {3000}, {writes(start), lying_head(10000)}));
   seed("shm_frame", "head_behind_the_bytes",
        ring_input(0, {3000}, {writes(start), lying_head(-32768)}));
+  bytes check(shm_tag_bytes);
+  store_put_le(check.data(), shm_tag(0, 0), shm_tag_bytes);
+  append(check, check_frame());
+  check.resize(shm_line);
+  seed("shm_frame", "check_then_frame", ring_input(0, {12}, {writes(check), writes(ring_frame(64, 0, 12))}));
   seed("shm_frame", "bad_magic", ring_input(0, {12}, {writes(ring_frame(0, 0, 12, 0x12345678))}));
   seed("shm_frame", "mismatched_slice", ring_input(0, {12}, {writes(ring_frame(0, 1, 12))}));
   constexpr unsigned pulls = 8;

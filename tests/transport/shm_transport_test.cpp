@@ -241,6 +241,44 @@ TEST_CASE("an exposable send goes as one line and completes only once its receiv
   CHECK(!r.tx.busy());
 }
 
+TEST_CASE("check frames take one line each, are passed over where they name our own call, and are a mismatch where they do not") {
+  ring_pair r(0);
+  std::vector<std::byte> sent(100, std::byte{9}), got(sent.size());
+  transfer out = make_transfer(sent, false);
+  transfer in = make_transfer(got, false);
+  detail::call_history mine;
+  mine.record({7, 100, collective::all_gather, dtype::uint8, reduce_op::sum, algo::direct});
+  r.rx.remember(&mine);
+  // Our own call, then data: the receiver, with nothing posted, reads the check alone.
+  r.tx.post_check(detail::check_header_of(in.header));
+  r.tx.post_check(detail::check_header_of(in.header));  // still queued: nothing more to say
+  r.tx.post(&out);
+  r.tx.flush();
+  CHECK(r.ctl.head.load() == detail::shm_line + detail::shm_frame_bytes(sent.size()));
+  CHECK(r.rx.skim_checks());
+  CHECK(!r.rx.skim_checks());  // the data frame is not a check: left for its receive
+  r.rx.post(&in);
+  r.rx.pump();
+  CHECK(in.done);
+  CHECK(got == sent);
+  // Another call of that number: a mismatch naming both, read by a posted receive too.
+  transfer again = make_transfer(got, false);
+  detail::frame_header other = in.header;
+  other.count = 50;
+  r.tx.post_check(detail::check_header_of(other));
+  r.tx.flush();
+  r.rx.post(&again);
+  try {
+    r.rx.pump();
+    FAIL("a check frame of another call was passed over");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::mismatch);
+    CHECK(std::string(e.what()).find("count=50") != std::string::npos);
+    CHECK(std::string(e.what()).find("count=100") != std::string::npos);
+  }
+  CHECK(!again.done);
+}
+
 TEST_CASE("small or unexposable sends, and sends to a receiver that cannot read us, go through the ring") {
   struct send_case {
     std::size_t bytes;

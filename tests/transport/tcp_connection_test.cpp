@@ -44,6 +44,11 @@ struct pair_fixture {
     write_raw(&h, sizeof h);
     if (h.length > 0) write_raw(payload, h.length);
   }
+  /// One pump, as if the socket had said it is readable: with no receive posted too.
+  void pump_now() const {
+    conn->readable = true;
+    conn->pump();
+  }
   /// Pumps until the transfer completes or pump throws; bounded.
   void pump_until(const transfer& x) const {
     for (int i = 0; i < 1000 && !x.done; ++i) {
@@ -165,11 +170,78 @@ TEST_CASE("an abort frame becomes remote_error carrying the peer's message") {
   p.write_raw(&h, sizeof h);
   p.write_raw(text.data(), text.size());
   std::string what;
-  CHECK(code_of([&] {
-          p.conn->readable = true;
-          p.conn->pump();  // noticed even with no receive posted
-        }, &what) == errc::remote_error);
+  CHECK(code_of([&] { p.pump_now(); }, &what) == errc::remote_error);  // noticed even with no receive posted
   CHECK(what.find(text) != std::string::npos);
+}
+
+TEST_CASE("a check frame naming another call of one we made is a mismatch naming both, even with no receive posted") {
+  pair_fixture p;
+  detail::call_history mine;
+  mine.record(fingerprint(4));  // op 7: all_reduce of 4 floats
+  p.conn->remember(&mine);
+  const frame_header theirs = detail::check_header_of(detail::make_header(fingerprint(8), 0, 0, 0));
+  p.write_raw(&theirs, sizeof theirs);
+  std::string what;
+  CHECK(code_of([&] { p.pump_now(); }, &what) == errc::mismatch);
+  CHECK(what.find("count=8") != std::string::npos);
+  CHECK(what.find("count=4") != std::string::npos);
+  CHECK(what.find("waits for this rank") != std::string::npos);
+}
+
+TEST_CASE("a check frame naming our own call, or one we have not made, is read and passed over") {
+  pair_fixture p;
+  detail::call_history mine;
+  mine.record(fingerprint(4));
+  p.conn->remember(&mine);
+  const frame_header same = detail::check_header_of(detail::make_header(fingerprint(4), 0, 0, 0));
+  detail::op_fingerprint later = fingerprint(8);
+  later.op_seq = 9;  // not made here yet
+  const frame_header ahead = detail::check_header_of(detail::make_header(later, 0, 0, 0));
+  p.write_raw(&same, sizeof same);
+  p.write_raw(&ahead, sizeof ahead);
+  const std::vector<float> sent{1, 2, 3, 4};
+  p.write_frame(detail::make_header(fingerprint(4), 0, 0, 16), sent.data());
+  std::vector<float> out;
+  transfer x = float_recv(out, 4);
+  p.conn->post_recv(&x);
+  p.pump_until(x);
+  REQUIRE(x.done);
+  CHECK(out == sent);
+}
+
+TEST_CASE("a check frame with a payload, or naming a point-to-point message, is a protocol error") {
+  for (bool payload : {true, false}) {
+    CAPTURE(payload);
+    pair_fixture p;
+    frame_header h = detail::check_header_of(detail::make_header(fingerprint(4), 0, 0, 0));
+    if (payload) h.length = 16;
+    else h.step = static_cast<std::uint32_t>(collective::send_recv);
+    p.write_raw(&h, sizeof h);
+    CHECK(code_of([&] { p.pump_now(); }) == errc::protocol);
+  }
+}
+
+TEST_CASE("a check frame queued behind a frame leaves after it, and completes nothing") {
+  pair_fixture p;
+  const std::vector<float> data{5, 6};
+  transfer x;
+  x.header = detail::make_header(fingerprint(2), 0, 0, 8);
+  x.data = reinterpret_cast<std::byte*>(const_cast<float*>(data.data()));
+  x.length = 8;
+  p.conn->post_send(&x);
+  const frame_header check = detail::check_header_of(detail::make_header(fingerprint(2), 0, 0, 0));
+  p.conn->post_check(check);
+  p.conn->post_check(check);  // the first is still queued: nothing more to say
+  p.conn->flush();
+  CHECK(x.done);
+  std::vector<std::byte> got(2 * sizeof(frame_header) + 8 + 1);
+  const ssize_t n = ::recv(p.raw, got.data(), got.size(), MSG_DONTWAIT);
+  REQUIRE(n == static_cast<ssize_t>(2 * sizeof(frame_header) + 8));
+  frame_header second;
+  std::memcpy(&second, got.data() + sizeof(frame_header) + 8, sizeof second);
+  CHECK(second.kind == detail::frame_check);
+  CHECK(second.step == static_cast<std::uint32_t>(collective::all_reduce));
+  CHECK(second.length == 0);
 }
 
 TEST_CASE("an abort frame longer than 4 KiB is a protocol error") {
@@ -179,10 +251,7 @@ TEST_CASE("an abort frame longer than 4 KiB is a protocol error") {
   h.kind = detail::frame_abort;
   h.length = 1u << 30;
   p.write_raw(&h, sizeof h);
-  CHECK(code_of([&] {
-          p.conn->readable = true;
-          p.conn->pump();
-        }) == errc::protocol);
+  CHECK(code_of([&] { p.pump_now(); }) == errc::protocol);
 }
 
 TEST_CASE("EOF in the middle of a frame is connection_lost naming the peer") {

@@ -36,6 +36,12 @@ inline constexpr std::uint32_t frame_magic = 0x31524843;  // "CHR1"
 /// A frame of this kind carries an error message instead of data: the sender failed and
 /// every operation with it must fail too.
 inline constexpr std::uint8_t frame_abort = 0xff;
+/// A frame of this kind carries no payload: its sender has waited a while for a frame from
+/// us in the collective its header names (as abort_header() names a call: the kind in
+/// `step`). A receiver that made a different call of that number fails with errc::mismatch
+/// naming both (read_check()), so ranks that wait on each other in calls that do not match
+/// (roots that differ, say) fail at once instead of at their timeouts.
+inline constexpr std::uint8_t frame_check = 0xfe;
 /// `root` of a collective that has none.
 inline constexpr std::uint32_t no_root = 0xffffffffu;
 /// Whether receivers compare the fingerprint of every frame with their own call: always,
@@ -146,6 +152,38 @@ inline frame_header abort_header(std::uint32_t text_length, const frame_header* 
   h.slice = call != nullptr ? 1 : 0;
   h.kind = frame_abort;
   return h;
+}
+
+/// The header of a check frame (frame_check) for this rank's call `call` (as its frames carry it).
+inline frame_header check_header_of(const frame_header& call) {
+  frame_header h = call;
+  h.magic = frame_magic;
+  h.length = 0;
+  h.step = call.kind;
+  h.slice = 0;
+  h.kind = frame_check;
+  return h;
+}
+
+/// Reads `peer`'s check frame `h` against this rank's own call of that number (`mine`): a
+/// different call is errc::mismatch naming both. A call this rank has not made yet, or no
+/// longer remembers, says nothing: the peer checks again later, and so does this rank once
+/// it waits in that call. Throws errc::protocol for a check frame with a payload.
+inline void read_check(const frame_header& h, int peer, int self, const call_history* mine) {
+  if (h.length != 0 || h.step >= static_cast<std::uint32_t>(collective::send_recv)) {
+    throw error(errc::protocol, "rank " + std::to_string(peer) + " sent a malformed check frame", {peer},
+                std::nullopt, "recv");
+  }
+  // all_to_allv's frames carry a count per block, which its calls do not share.
+  if (h.step == static_cast<std::uint32_t>(collective::all_to_allv)) return;
+  const frame_header* own = check_fingerprints && mine != nullptr ? mine->find(h.op_seq) : nullptr;
+  if (own == nullptr) return;
+  frame_header theirs = h;
+  theirs.kind = static_cast<std::uint8_t>(h.step);
+  if (!same_call(theirs, *own)) {
+    throw mismatch_error(self, *own, peer, theirs, h.op_seq, static_cast<collective>(own->kind),
+                         " (rank " + std::to_string(peer) + " waits for this rank in it)");
+  }
 }
 
 /// The error a peer's abort frame (header `h`, text `text`) raises: errc::remote_error,

@@ -263,6 +263,8 @@ class executor {
     std::uint32_t step = 0;
   };
   waiting oldest_waiting() const;
+  /// Tells every peer we wait to receive from which collective we wait in (a check frame).
+  void post_checks(std::span<const executor_job> jobs);
   [[noreturn]] void fail_timeout(std::span<const executor_job> jobs,
                                  std::chrono::milliseconds timeout);
 
@@ -642,8 +644,14 @@ inline void executor::run_until(std::span<const executor_job> jobs,
   try {
     // Reading the clock costs as much as a poll of shared memory on some VMs, so an idle
     // loop reads it only every 16 turns; the spin starts at the first read after a move.
-    clock::time_point idle_since{};
+    clock::time_point idle_since{}, next_check{};
     bool idle = false, slept = false;
+    // A wait that lasts says so to the peers it waits for (post_checks), after check_first
+    // and then at doubling intervals up to check_most: a peer that made a different call of
+    // that number, and perhaps waits for us in turn, then fails with errc::mismatch instead
+    // of both waiting out their timeouts. A peer that made the same call ignores it.
+    constexpr auto check_first = std::chrono::milliseconds(250), check_most = std::chrono::milliseconds(4000);
+    std::chrono::milliseconds check_every = check_first;
     unsigned idle_turns = 0;
     for (;;) {
       bool moved = advance(jobs);
@@ -668,6 +676,12 @@ inline void executor::run_until(std::span<const executor_job> jobs,
       if (!idle) {
         idle = true;
         idle_since = now;
+        check_every = check_first;
+        next_check = now + check_every;
+      } else if (now >= next_check) {
+        post_checks(jobs);
+        check_every = std::min(2 * check_every, check_most);
+        next_check = now + check_every;
       }
       // Spin briefly (a reply often lands within microseconds), then sleep in the kernel so
       // that ranks sharing a core with us can run.
@@ -689,6 +703,9 @@ inline void executor::run_until(std::span<const executor_job> jobs,
       for (const executor_job& k : jobs) {
         if (k.fp.op_seq == *e.op() && to_string(k.fp.kind) == e.call()) blame(k);
       }
+      // A peer's check frame can name one of our earlier calls (read_check): the abort then
+      // names that call, so that the peer, which waits in its own, reads it as a mismatch.
+      if (failed_ == nullptr && e.code() == errc::mismatch) failed_ = history_.find(*e.op());
       throw;
     }
     // Name the operation: the one that talks to the failing peer, else the first.
@@ -718,6 +735,17 @@ inline executor::waiting executor::oldest_waiting() const {
     }
   }
   return {};
+}
+
+inline void executor::post_checks(std::span<const executor_job> jobs) {
+  for (int p : active_) {
+    const fifo& q = peers_[static_cast<std::size_t>(p)].rx;
+    if (q.size == 0) continue;
+    const detail::op_fingerprint& f = jobs[steps_[q.ring[q.head].step].job].fp;
+    // Point-to-point messages are numbered per pair, and all_to_allv's counts per block.
+    if (f.kind == collective::send_recv || f.count_per_block) continue;
+    transport_.post_check(p, detail::check_header_of(detail::make_header(f, 0, 0, 0)));
+  }
 }
 
 inline void executor::fail_timeout(std::span<const executor_job> jobs,

@@ -94,6 +94,13 @@ class auto_transport {
   void release(int peer, transfer* x) {
     if (via_shm(peer)) shm_->release(peer, x);
   }
+  void post_check(int peer, const detail::frame_header& h) {
+    if (via_shm(peer)) {
+      shm_->post_check(peer, h);
+    } else {
+      tcp().post_check(peer, h);
+    }
+  }
 
   bool progress() {
     bool moved = false;

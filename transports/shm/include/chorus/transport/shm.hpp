@@ -129,6 +129,12 @@ class shm_transport {
     p.rx.pump();
   }
   void release(int peer, transfer* x) { link(peer).rx.release(x); }
+  /// A check frame (detail::frame_check) to `peer`, behind the frames queued before it.
+  void post_check(int peer, const detail::frame_header& h) {
+    auto& p = link(peer);
+    p.tx.post_check(h);
+    p.tx.flush();
+  }
   /// This rank's recent calls, against which leftover frames and peers' aborts are read.
   void remember(const detail::call_history* calls) {
     history_ = calls;
@@ -164,6 +170,10 @@ class shm_transport {
     }
     me.sleeping.store(0, std::memory_order_relaxed);
     check_peers();
+    // Peers we do not wait for may wait for us, in a call that differs from ours.
+    for (auto& p : peers_) {
+      if (!p.rx.busy()) p.rx.skim_checks();
+    }
   }
 
   /// Raises our failure flag with `message` and the call we failed in, and wakes every peer,

@@ -122,6 +122,16 @@ class tcp_transport {
     c.pump();  // the frame may already be buffered
   }
 
+  /// A check frame (detail::frame_check) to `peer`, on its first connection: not a message,
+  /// so it takes no turn in the round robin of frames over the connections.
+  void post_check(int peer, const detail::frame_header& h) {
+    if (peer < 0 || peer >= size_) return;
+    auto& c = conns_[static_cast<std::size_t>(peer) * static_cast<std::size_t>(opts_.conns)];
+    if (!c) return;
+    c->post_check(h);
+    c->flush();
+  }
+
   bool progress() {
     bool moved = step_all();
     if (!moved) {

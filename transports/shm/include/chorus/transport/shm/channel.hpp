@@ -108,6 +108,14 @@ class shm_sender {
 
   bool busy() const { return !txq_.empty() || !exposed_.empty(); }
   void post(transfer* x) { txq_.push_back(x); }
+  /// Queues a check frame (detail::frame_check) with header `h`; one at a time: while the
+  /// last is unsent, a new one would say nothing more.
+  void post_check(const frame_header& h) {
+    if (!check_.done && std::find(txq_.begin(), txq_.end(), &check_) != txq_.end()) return;
+    check_ = transfer{};
+    check_.header = h;
+    txq_.push_back(&check_);
+  }
   /// The consumer moved its tail, or read a payload we exposed, since we last looked (we
   /// may wait for either).
   bool room_changed() const {
@@ -220,6 +228,7 @@ class shm_sender {
   std::uint64_t tail_ = 0;   // the consumer's, as last read
   std::uint64_t acked_ = 0;  // pull frames known read
   std::size_t off_ = 0;      // bytes of txq_.front()'s frame already in the ring
+  transfer check_{.done = true};  // the check frame post_check() queued last
 };
 
 /// This rank's end of the ring from one peer: frames are checked against the posted
@@ -249,6 +258,10 @@ class shm_receiver {
       transfer* x = rxq_.front();
       if (!have_header_) {
         if (ring_.tag_at(rd_).load(std::memory_order_acquire) != shm_tag(rd_, salt_)) break;
+        if (take_check()) {
+          moved = true;
+          continue;
+        }
         frame_header h;
         ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
         pull_ = h.magic == shm_pull_magic;
@@ -329,6 +342,18 @@ class shm_receiver {
     return moved;
   }
 
+  /// Reads the check frames at the front of the ring while no receive is posted
+  /// (shm_transport::wait() calls it): a peer that waits for us, in a call we made
+  /// differently, says so with one, perhaps while we wait for someone else.
+  bool skim_checks() {
+    bool moved = false;
+    while (rxq_.empty() && !have_header_ && !sender_failed_ &&
+           ring_.tag_at(rd_).load(std::memory_order_acquire) == shm_tag(rd_, salt_) && take_check()) {
+      moved = true;
+    }
+    return moved;
+  }
+
   /// Gives back a lent payload; lent payloads come back in the order they were lent.
   /// This rank's recent calls, against which a frame left over from one is described.
   void remember(const call_history* calls) { history_ = calls; }
@@ -353,6 +378,18 @@ class shm_receiver {
     std::uint64_t start, end;
     bool released;
   };
+
+  /// Where the frame at rd_ (its tag seen) is a check frame (detail::frame_check), reads it
+  /// and moves past it: no payload, and not a message, one line complete with its tag.
+  bool take_check() {
+    frame_header h;
+    ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
+    if (h.magic != frame_magic || h.kind != frame_check) return false;
+    read_check(h, peer_, self_, history_);
+    rd_ += shm_frame_bytes(0);
+    publish_tail();
+    return true;
+  }
 
   /// Reads the payload a pull frame names out of the sender's memory into x.data.
   void pull(const shm_pull_desc& d, transfer& x) const {

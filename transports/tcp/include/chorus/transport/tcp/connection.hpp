@@ -67,6 +67,14 @@ class tcp_connection {
     if (closed_ && rx_end_ == rx_begin_) throw lost("recv from");
     rxq_.push_back(x);
   }
+  /// Queues a check frame (detail::frame_check) with header `h`, behind the frames queued
+  /// before it; one at a time: while the last is unsent, a new one would say nothing more.
+  void post_check(const frame_header& h) {
+    if (closed_ || (!check_.done && std::find(txq_.begin(), txq_.end(), &check_) != txq_.end())) return;
+    check_ = transfer{};
+    check_.header = h;
+    txq_.push_back(&check_);
+  }
 
   /// Writes queued frames: one sendmsg() carries up to 32 frames (header + payload each).
   bool flush() {
@@ -313,6 +321,12 @@ class tcp_connection {
                            rx_hdr_.length);
           throw peer_failed(peer_, self_, rx_hdr_, text, history_);
         }
+        if (rx_hdr_.kind == frame_check) {  // no payload, and not a message: read it and go on
+          read_check(rx_hdr_, peer_, self_, history_);
+          rx_begin_ += sizeof(frame_header);
+          moved = true;
+          continue;
+        }
         if (rxq_.empty()) return moved;  // a frame for a receive not yet posted: keep it
         transfer* x = rxq_.front();
         check_header(rx_hdr_, x->header, peer_, self_, history_);  // lengths now agree with the post
@@ -358,6 +372,7 @@ class tcp_connection {
   bool rx_has_header_ = false;  // rx_hdr_ belongs to rxq_.front() and its payload is due
   frame_header rx_hdr_{};
   const call_history* history_ = nullptr;
+  transfer check_{.done = true};  // the check frame post_check() queued last
   std::size_t rx_got_ = 0;
 };
 
