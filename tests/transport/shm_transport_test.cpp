@@ -38,6 +38,18 @@ std::set<std::string> chorus_segments() {
 const std::map<std::string, std::string> shm_env = {{"CHORUS_TRANSPORT", "shm"},
                                                     {"CHORUS_TIMEOUT", "20"}};
 
+/// The chorus::error `f` throws; the test fails, saying `never`, where it throws none.
+template <class F>
+error error_of(F&& f, const char* never) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e;
+  }
+  FAIL(never);
+  return error(errc::aborted, never);
+}
+
 }  // namespace
 
 TEST_CASE("the segment is gone from /dev/shm once the job has started, and after it ends") {
@@ -181,13 +193,9 @@ TEST_CASE("a ring head over a ring ahead of our tail is a protocol error, not a 
   std::memcpy(ring.data() + detail::shm_tag_bytes, &x.header, sizeof x.header);
   ctl.head.store(64 + 10000);
   rx.post(&x);
-  try {
-    rx.pump();
-    FAIL("a corrupt head was trusted");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::protocol);
-    CHECK(std::string(e.what()).find("ring from rank 1 is corrupt") != std::string::npos);
-  }
+  const error e = error_of([&] { rx.pump(); }, "a corrupt head was trusted");
+  CHECK(e.code() == errc::protocol);
+  CHECK(std::string(e.what()).find("ring from rank 1 is corrupt") != std::string::npos);
   CHECK(!x.done);
 }
 
@@ -268,14 +276,10 @@ TEST_CASE("check frames take one line each, are passed over where they name our 
   r.tx.post_check(detail::check_header_of(other));
   r.tx.flush();
   r.rx.post(&again);
-  try {
-    r.rx.pump();
-    FAIL("a check frame of another call was passed over");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::mismatch);
-    CHECK(std::string(e.what()).find("count=50") != std::string::npos);
-    CHECK(std::string(e.what()).find("count=100") != std::string::npos);
-  }
+  const error e = error_of([&] { r.rx.pump(); }, "a check frame of another call was passed over");
+  CHECK(e.code() == errc::mismatch);
+  CHECK(std::string(e.what()).find("count=50") != std::string::npos);
+  CHECK(std::string(e.what()).find("count=100") != std::string::npos);
   CHECK(!again.done);
 }
 
@@ -322,15 +326,11 @@ TEST_CASE("a pull frame naming memory the sender does not have is a protocol err
   d.address = 4096;
   std::memcpy(r.ring.data() + detail::shm_prefix_bytes, &d, sizeof d);
   r.rx.post(&in);
-  try {
-    r.rx.pump();
-    FAIL("a bad address was read");
-  } catch (const error& e) {
-    INFO(std::string(e.what()));
-    CHECK(e.code() == errc::protocol);
-    CHECK(e.ranks() == std::vector<int>{1});
-    CHECK(std::string(e.what()).find("rank 1 offered at 0x1000 in place failed") != std::string::npos);
-  }
+  const error e = error_of([&] { r.rx.pump(); }, "a bad address was read");
+  INFO(std::string(e.what()));
+  CHECK(e.code() == errc::protocol);
+  CHECK(e.ranks() == std::vector<int>{1});
+  CHECK(std::string(e.what()).find("rank 1 offered at 0x1000 in place failed") != std::string::npos);
   CHECK(!in.done);
   CHECK(!out.done);
 }
@@ -343,13 +343,9 @@ TEST_CASE("a pull frame to a receiver that cannot read its sender is a protocol 
   r.tx.post(&out);
   r.tx.flush();
   r.rx.post(&in);
-  try {
-    r.rx.pump();
-    FAIL("an unreadable pull frame was accepted");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::protocol);
-    CHECK(std::string(e.what()).find("cannot read") != std::string::npos);
-  }
+  const error e = error_of([&] { r.rx.pump(); }, "an unreadable pull frame was accepted");
+  CHECK(e.code() == errc::protocol);
+  CHECK(std::string(e.what()).find("cannot read") != std::string::npos);
 }
 
 TEST_CASE("a receiver does not complete a read in place from a sender that has failed meanwhile") {
@@ -377,13 +373,9 @@ TEST_CASE("a count of payloads read in place beyond those offered is a protocol 
   r.tx.post(&out);
   r.tx.flush();
   r.ctl.pulled.store(5);
-  try {
-    r.tx.flush();
-    FAIL("a corrupt count was trusted");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::protocol);
-    CHECK(std::string(e.what()).find("ring to rank 0 is corrupt") != std::string::npos);
-  }
+  const error e = error_of([&] { r.tx.flush(); }, "a corrupt count was trusted");
+  CHECK(e.code() == errc::protocol);
+  CHECK(std::string(e.what()).find("ring to rank 0 is corrupt") != std::string::npos);
 }
 
 TEST_CASE("ranks of one node read each other's direct sends in place unless CHORUS_SHM_SINGLE_COPY=0, with exact results either way") {

@@ -154,15 +154,19 @@ inline frame_header abort_header(std::uint32_t text_length, const frame_header* 
   return h;
 }
 
-/// The header of a check frame (frame_check) for this rank's call `call` (as its frames carry it).
+/// The header of a check frame (frame_check) for this rank's call `call` (as its frames
+/// carry it): an abort header's, without text, of the other kind.
 inline frame_header check_header_of(const frame_header& call) {
-  frame_header h = call;
-  h.magic = frame_magic;
-  h.length = 0;
-  h.step = call.kind;
-  h.slice = 0;
+  frame_header h = abort_header(0, &call);
   h.kind = frame_check;
   return h;
+}
+
+/// The call an abort or check frame `h` names, its kind back in place.
+inline frame_header call_named_by(const frame_header& h) {
+  frame_header call = h;
+  call.kind = static_cast<std::uint8_t>(h.step);
+  return call;
 }
 
 /// Reads `peer`'s check frame `h` against this rank's own call of that number (`mine`): a
@@ -178,8 +182,7 @@ inline void read_check(const frame_header& h, int peer, int self, const call_his
   if (h.step == static_cast<std::uint32_t>(collective::all_to_allv)) return;
   const frame_header* own = check_fingerprints && mine != nullptr ? mine->find(h.op_seq) : nullptr;
   if (own == nullptr) return;
-  frame_header theirs = h;
-  theirs.kind = static_cast<std::uint8_t>(h.step);
+  const frame_header theirs = call_named_by(h);
   if (!same_call(theirs, *own)) {
     throw mismatch_error(self, *own, peer, theirs, h.op_seq, static_cast<collective>(own->kind),
                          " (rank " + std::to_string(peer) + " waits for this rank in it)");
@@ -197,8 +200,7 @@ inline error peer_failed(int peer, int self, const frame_header& h, const std::s
                                 ? mine->find(h.op_seq)
                                 : nullptr;
   if (own != nullptr) {
-    frame_header theirs = h;
-    theirs.kind = static_cast<std::uint8_t>(h.step);
+    const frame_header theirs = call_named_by(h);
     if (!same_call(theirs, *own)) {
       return mismatch_error(self, *own, peer, theirs, h.op_seq, static_cast<collective>(own->kind),
                             " (rank " + std::to_string(peer) + " failed: " + text + ")");

@@ -111,7 +111,7 @@ class shm_sender {
   /// Queues a check frame (detail::frame_check) with header `h`; one at a time: while the
   /// last is unsent, a new one would say nothing more.
   void post_check(const frame_header& h) {
-    if (!check_.done && std::find(txq_.begin(), txq_.end(), &check_) != txq_.end()) return;
+    if (!check_.done) return;
     check_ = transfer{};
     check_.header = h;
     txq_.push_back(&check_);
@@ -258,12 +258,12 @@ class shm_receiver {
       transfer* x = rxq_.front();
       if (!have_header_) {
         if (ring_.tag_at(rd_).load(std::memory_order_acquire) != shm_tag(rd_, salt_)) break;
-        if (take_check()) {
+        frame_header h;
+        ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
+        if (take_check(h)) {
           moved = true;
           continue;
         }
-        frame_header h;
-        ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
         pull_ = h.magic == shm_pull_magic;
         if (pull_) h.magic = frame_magic;
         check_header(h, x->header, peer_, self_, history_);  // lengths now agree with the post
@@ -348,7 +348,10 @@ class shm_receiver {
   bool skim_checks() {
     bool moved = false;
     while (rxq_.empty() && !have_header_ && !sender_failed_ &&
-           ring_.tag_at(rd_).load(std::memory_order_acquire) == shm_tag(rd_, salt_) && take_check()) {
+           ring_.tag_at(rd_).load(std::memory_order_acquire) == shm_tag(rd_, salt_)) {
+      frame_header h;
+      ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
+      if (!take_check(h)) break;
       moved = true;
     }
     return moved;
@@ -379,11 +382,10 @@ class shm_receiver {
     bool released;
   };
 
-  /// Where the frame at rd_ (its tag seen) is a check frame (detail::frame_check), reads it
-  /// and moves past it: no payload, and not a message, one line complete with its tag.
-  bool take_check() {
-    frame_header h;
-    ring_.get(rd_ + shm_tag_bytes, &h, sizeof h);
+  /// Where `h`, the header of the frame at rd_ (its tag seen), is a check frame
+  /// (detail::frame_check), reads it and moves past it: no payload, and not a message, one
+  /// line complete with its tag.
+  bool take_check(const frame_header& h) {
     if (h.magic != frame_magic || h.kind != frame_check) return false;
     read_check(h, peer_, self_, history_);
     rd_ += shm_frame_bytes(0);

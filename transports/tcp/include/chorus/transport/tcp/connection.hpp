@@ -70,7 +70,7 @@ class tcp_connection {
   /// Queues a check frame (detail::frame_check) with header `h`, behind the frames queued
   /// before it; one at a time: while the last is unsent, a new one would say nothing more.
   void post_check(const frame_header& h) {
-    if (closed_ || (!check_.done && std::find(txq_.begin(), txq_.end(), &check_) != txq_.end())) return;
+    if (closed_ || !check_.done) return;
     check_ = transfer{};
     check_.header = h;
     txq_.push_back(&check_);
