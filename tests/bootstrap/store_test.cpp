@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chorus/bootstrap/detail/group_store.hpp>
 #include <chorus/bootstrap/detail/store_protocol.hpp>
 #include <chorus/bootstrap/store.hpp>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <string_view>
@@ -344,7 +346,12 @@ TEST_CASE("an all_gather or barrier that a rank skips names exactly that rank") 
   std::uint16_t port = free_port();
   auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
     auto store = chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 1s});
-    if (r == 2) return 0;  // present at the rendezvous, absent afterwards
+    if (r == 2) {
+      // Present at the rendezvous, absent afterwards, but still connected: a rank that had
+      // left would be named at once (the next test).
+      std::this_thread::sleep_for(4s);
+      return 0;
+    }
     std::string address = "127.0.0.1:" + std::to_string(port);
     int failures = 0;
     try {
@@ -414,6 +421,112 @@ TEST_CASE("rank 0 cannot host the store on a port another process listens on") {
     CHECK(contains(e.what(), "Address already in use"));
   }
   ::close(fd);
+}
+
+TEST_CASE("a rank that leaves before its part of a wait ends that wait at once, naming it") {
+  // Rank 2 sets one key and leaves: returning (its store closed) or killed. Its key still
+  // arrives; every wait on a part it never gave fails with peer_failed, well before the 60 s
+  // deadline (run_ranks kills the test's ranks after 15 s).
+  for (const bool killed : {false, true}) {
+    CAPTURE(killed);
+    std::uint16_t port = free_port();
+    const std::string address = "127.0.0.1:" + std::to_string(port);
+    auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
+      auto store = chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 60s});
+      if (r == 2) {
+        store.set("k2", bytes("from 2"));
+        std::this_thread::sleep_for(300ms);  // the others are waiting by now, or soon
+        if (killed) ::raise(SIGKILL);
+        return 0;
+      }
+      const std::vector<std::string> keys = {"k2"};
+      const std::vector<int> owners = {2};
+      auto got = store.get_all(keys, owners);
+      CHILD_CHECK(got.size() == 1 && text(got[0]) == "from 2");
+      int failed = 0;
+      auto names_rank_2 = [&](const std::function<void()>& call, const std::string& what) {
+        try {
+          call();
+          std::fprintf(stderr, "rank %d: %s returned\n", r, what.c_str());
+          return 1;
+        } catch (const chorus::error& e) {
+          const std::string want =
+              what + " at " + address + ": rank 2 has left the store without taking part";
+          if (e.code() == chorus::errc::peer_failed && contains(e.what(), want) &&
+              e.ranks() == std::vector<int>{2}) {
+            return 0;
+          }
+          std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+          return 1;
+        }
+      };
+      failed += names_rank_2([&] { store.all_gather("addr", bytes("x")); }, "all_gather 'addr'");
+      failed += names_rank_2([&] { store.barrier("done"); }, "barrier 'done'");
+      store.set("k" + std::to_string(r), bytes("mine"));
+      const std::vector<std::string> three = {"k0", "k1", "k3"};
+      const std::vector<int> three_owners = {0, 1, 2};
+      failed += names_rank_2([&] { (void)store.get_all(three, three_owners); },
+                             "get_all of 'k0' and 2 more");
+      // The server answered each of these, so the store is still usable.
+      store.set("still", bytes("fine"));
+      CHILD_CHECK(text(store.get("still")) == "fine");
+      return failed;
+    });
+    check_exited_cleanly(outcomes[0]);
+    check_exited_cleanly(outcomes[1]);
+    if (killed) {
+      CHECK(WIFSIGNALED(outcomes[2].status));
+    } else {
+      check_exited_cleanly(outcomes[2]);
+    }
+  }
+}
+
+TEST_CASE("get_all refuses keys named twice, owners outside the world and lists of unequal length") {
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 5s});
+  store.set("a", bytes("1"));
+  store.set("b", bytes("2"));
+  const std::vector<std::string> ab = {"a", "b"};
+  const std::vector<int> any_and_0 = {-1, 0};
+  auto got = store.get_all(ab, any_and_0);
+  REQUIRE(got.size() == 2);
+  CHECK(text(got[0]) == "1");
+  CHECK(text(got[1]) == "2");
+  const std::vector<std::string> aa = {"a", "a"};
+  const std::vector<int> owner_1 = {0, 1};
+  const std::vector<int> one_owner = {0};
+  CHECK_THROWS_WITH_AS((void)store.get_all(aa, any_and_0),
+                       "chorus: store get_all: key 'a' is named twice", chorus::error);
+  CHECK_THROWS_WITH_AS((void)store.get_all(ab, owner_1),
+                       "chorus: store get_all: key 'b' names owner 1, not a rank of 1 (or -1 for any)",
+                       chorus::error);
+  CHECK_THROWS_WITH_AS(
+      (void)store.get_all(ab, one_owner),
+      "chorus: store get_all: wants one owner per key and at least one key, got 2 keys and 1 owners",
+      chorus::error);
+  // None of these reached the server: the store is as usable as before.
+  CHECK(text(store.get("a")) == "1");
+}
+
+TEST_CASE("a split group's rounds wait only for its members, and name a member that left") {
+  // Job ranks 0 and 2 form a group (its ranks 0 and 1); job rank 1 is not in it and leaves
+  // at once, which must not disturb the group. Then job rank 2 leaves, and the group's next
+  // round names it by its rank in the group.
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
+    auto job = std::make_shared<chorus::tcp_store>(
+        chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 60s}));
+    if (r == 1) return 0;
+    chorus::detail::group_store group(job, std::make_shared<std::mutex>(), "g/", r == 0 ? 0 : 1,
+                                      {0, 2});
+    auto all = group.all_gather("addr", bytes("from " + std::to_string(r)));
+    CHILD_CHECK(all.size() == 2 && text(all[0]) == "from 0" && text(all[1]) == "from 2");
+    group.barrier("up");
+    if (r == 2) return 0;
+    return expect_error([&] { group.barrier("down"); }, chorus::errc::peer_failed,
+                        {"rank 2 has left the store", "(in a split group: its rank 1)"});
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
 }
 
 TEST_CASE("when rank 0 is killed the other ranks fail with connection_lost at once") {
@@ -568,11 +681,18 @@ TEST_CASE("values of every size up to the 64 MiB limit arrive whole as the serve
 }
 
 TEST_CASE("a get_many key list that names a key twice is refused, so a reply cannot outgrow the store") {
+  using chorus::detail::store_any_owner;
   using chorus::detail::store_decode_keys;
   using chorus::detail::store_encode_keys;
   const std::vector<std::string> distinct = {"a", "b", "ab"};
   const std::vector<std::string> repeated = {"a", "b", "a"};
-  CHECK(store_decode_keys(store_encode_keys(distinct)) == distinct);
+  const std::vector<std::uint32_t> owners = {2, store_any_owner, 0};
+  const auto list = store_decode_keys(store_encode_keys(distinct, owners));
+  REQUIRE(list);
+  CHECK(list->keys == distinct);
+  CHECK(list->owners == owners);
+  CHECK(store_decode_keys(store_encode_keys(distinct))->owners ==
+        std::vector<std::uint32_t>(3, store_any_owner));
   CHECK(!store_decode_keys(store_encode_keys(repeated)));
 }
 

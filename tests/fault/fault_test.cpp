@@ -112,6 +112,37 @@ TEST_CASE("a SIGKILLed rank of 8, at a random point: every survivor's operation 
   MESSAGE("slowest survivor's error after the SIGKILL: " << worst_ms << " ms over " << trials() << " trials");
 }
 
+TEST_CASE("a rank that leaves while communicators are made fails the others' creation at once, naming it") {
+  // Rank 2 meets the others at the store and then leaves, returning or killed, before its
+  // transport's set-up: their waits for its part end when it goes, not at the 120 s
+  // bootstrap timeout (run_processes kills every rank after 40 s).
+  for (const bool killed : {false, true}) {
+    CAPTURE(killed);
+    test::run_options o;
+    o.env = {{"CHORUS_BOOTSTRAP_TIMEOUT", "120"}};
+    o.expect_killed = {2};
+    o.deadline = std::chrono::seconds(40);
+    run_processes(
+        3,
+        [&](int rank) {
+          if (rank == 2) {
+            auto store = tcp_store::connect(launch_info_from_env());
+            if (killed) ::raise(SIGKILL);
+            return;
+          }
+          try {
+            auto comm = communicator::from_env<auto_transport>();
+            RANK_CHECK(false);
+          } catch (const error& e) {
+            std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
+            RANK_CHECK(e.code() == errc::peer_failed);
+            RANK_CHECK(names(e, 2));
+          }
+        },
+        o);
+  }
+}
+
 TEST_CASE("a SIGSTOPped rank, at a random point: its peers' operations fail by the heartbeat timeout, naming it") {
   // Rank 0 (the store's host) first, then random ranks; half as many trials as SIGKILL's,
   // since each waits out the timeout.

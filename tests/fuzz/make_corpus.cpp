@@ -238,9 +238,9 @@ bytes header(store_op op, std::size_t key_len, std::size_t value_len, std::int64
   return {head.begin(), head.end()};
 }
 
-bytes keys(std::initializer_list<std::string> list) {
+bytes keys(std::initializer_list<std::string> list, std::vector<std::uint32_t> owners = {}) {
   const std::vector<std::string> v(list);
-  return store_encode_keys(v);
+  return store_encode_keys(v, owners);
 }
 
 bytes le(std::uint64_t v, std::size_t n) {
@@ -333,6 +333,11 @@ void store_server_seeds() {
        conversation({hello(1), request(store_op::get_many, "", keys({"absent", "k"})),
                      request(store_op::get, "absent")},
                     3));
+  seed("store_server", "waits_on_owned_keys",
+       conversation({hello(0), request(store_op::set, "mine", abc),
+                     request(store_op::get_many, "", keys({"mine", "theirs"}, {0, 1}), 20)}));
+  seed("store_server", "owner_outside_world",
+       conversation({hello(0), request(store_op::get_many, "", keys({"k"}, {7}))}));
   seed("store_server", "wait_cut_short_by_hangup",
        conversation({hello(0), request(store_op::get, "absent", {}, 10)}));
   seed("store_server", "add_on_a_value_and_overflow",

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the rendezvous store's wire decoders (store_protocol.hpp), every one fed the
-// same bytes: a request header (checked before and after hello), a get_many key list (the
-// server's side) and a get_many reply, values or missing keys (the client's side).
+// same bytes: a request header (checked before and after hello), a get_many key list with
+// its owners (the server's side) and a get_many reply, values or missing keys (the client's
+// side).
 //
 // Input: one byte, the number of keys the get_many asked for (1 to 256), then the bytes.
 //
@@ -56,17 +57,20 @@ void request_header(std::span<const std::byte> in) {
 }
 
 void key_list(std::span<const std::byte> in) {
-  const auto keys = store_decode_keys(in);
-  if (!keys) return;
-  for (const auto& k : *keys) {
+  const auto list = store_decode_keys(in);
+  if (!list) return;
+  if (list->owners.size() != list->keys.size()) fail("a key list without an owner per key");
+  for (const auto& k : list->keys) {
     if (k.empty() || k.size() > max_store_key) fail("a key list with a bad key was accepted");
   }
-  std::vector<std::string> sorted = *keys;
+  std::vector<std::string> sorted = list->keys;
   std::sort(sorted.begin(), sorted.end());
   if (std::unique(sorted.begin(), sorted.end()) != sorted.end()) {
     fail("a key list naming a key twice was accepted");
   }
-  if (!same(store_encode_keys(*keys), in)) fail("a key list does not re-encode to its bytes");
+  if (!same(store_encode_keys(list->keys, list->owners), in)) {
+    fail("a key list does not re-encode to its bytes");
+  }
 }
 
 void value_reply(std::span<const std::byte> in, std::size_t count) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -49,7 +50,7 @@ struct store_options {
 ///  2. all_gather() and barrier() are rounds among all size() ranks; the same key may be
 ///     used again for a new round when every rank makes the same sequence of calls.
 ///  3. Every wait ends with chorus::error naming the store's address and, where it can, the
-///     ranks that never arrived.
+///     ranks that never arrived, or that left the store while others waited for them.
 ///  4. secret() and job_id() are the job's, for the transports' handshakes.
 class store {
  public:
@@ -58,6 +59,17 @@ class store {
   virtual void set(std::string_view key, std::span<const std::byte> value) = 0;
   /// The value under `key`, waiting for some rank to set it.
   virtual std::vector<std::byte> get(std::string_view key) = 0;
+  /// The values under `keys`, waiting for all of them; keys[i] is set by rank owners[i] of
+  /// this store (-1: any rank). A store that tracks its ranks ends the wait as soon as an
+  /// owner has left it with its key unset, with errc::peer_failed naming the owner, where
+  /// get() would wait to the deadline. This default gets each key in turn.
+  virtual std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
+                                                      std::span<const int> owners) {
+    (void)owners;
+    std::vector<std::vector<std::byte>> values;
+    for (const auto& k : keys) values.push_back(get(k));
+    return values;
+  }
   /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
   /// Every rank passes its own `mine`; returns every rank's value, indexed by rank.
@@ -86,6 +98,11 @@ class store {
 ///     A master that cannot be reached is errc::bootstrap with the last errno's text.
 ///  3. If rank 0 (the server) dies, every call on other ranks fails at once with
 ///     errc::connection_lost: its sockets close with it, so nobody waits for a timeout.
+///     If another rank leaves (exits, fails, or destroys its store) before setting its part
+///     of an all_gather, barrier or get_all that others wait in, their waits fail at once
+///     with errc::peer_failed naming it:
+///     "chorus: all_gather 'addr' at 127.0.0.1:29512: rank 2 has left the store without
+///     taking part (exited, failed, or closed its store)".
 ///  4. The server rejects a second connection claiming a connected rank, and a rank that
 ///     disagrees on the world size (errc::bootstrap on that client), because either means two
 ///     jobs or a misconfigured launcher, which would otherwise corrupt the rendezvous.
@@ -123,6 +140,12 @@ class tcp_store final : public store {
   void set(std::string_view key, std::span<const std::byte> value) override;
   /// The value under `key`, waiting for some rank to set it.
   std::vector<std::byte> get(std::string_view key) override;
+  /// The values under `keys`, keys[i] set by rank owners[i] (-1: any rank), in one round
+  /// trip. errc::invalid_argument for a key named twice or an owner outside the world;
+  /// errc::timeout naming the owners (or keys) missing at the deadline; errc::peer_failed
+  /// naming the owners that left first (contract 3).
+  std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
+                                              std::span<const int> owners) override;
   /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
   /// errc::invalid_argument when the key holds something other than a counter.
   std::int64_t add(std::string_view key, std::int64_t delta) override;

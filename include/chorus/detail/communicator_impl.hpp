@@ -812,10 +812,10 @@ inline std::optional<communicator> communicator::split(int color, int key) {
   // The prefix names this split uniquely in the job: the parent's prefix, the parent's split
   // count (every rank counts the same calls) and the color.
   std::string prefix = p_->prefix + "split/" + std::to_string(id) + "/" + std::to_string(color) + "/";
-  auto view = std::make_shared<detail::group_store>(p_->root_store, p_->store_lock, prefix, ci.rank,
-                                                    ci.size);
   std::vector<int> job_ranks;
   for (int r : members) job_ranks.push_back(p_->watch.job_rank(r));
+  auto view = std::make_shared<detail::group_store>(p_->root_store, p_->store_lock, prefix, ci.rank,
+                                                    job_ranks);
   return make(ci, view, p_->factory, p_->opts, p_->root_store, p_->store_lock, std::move(prefix),
               p_->beat, std::move(job_ranks));
 }

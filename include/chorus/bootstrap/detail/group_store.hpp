@@ -2,6 +2,7 @@
 // A sub-group's view of the job's store: its own key prefix, its own ranks and rounds.
 #pragma once
 
+#include <algorithm>
 #include <chorus/bootstrap/store.hpp>
 #include <chorus/error.hpp>
 #include <map>
@@ -17,17 +18,19 @@ namespace chorus::detail {
 /// The store a communicator made by split() connects through. Keys go to the job's store
 /// under `prefix`, which is unique to the sub-communicator (parent, split number, color), so
 /// the transports' fixed key names ("chorus/tcp/addr", ...) never meet another group's.
-/// Rounds (all_gather, barrier) run among the group's ranks only, built from set and get:
-/// rank r sets "<prefix><key>#<round>/<r>" and gets everyone's.
+/// Rounds (all_gather, barrier) run among the group's ranks only: rank r sets
+/// "<prefix><key>#<round>/<r>" and waits for everyone's with one get_all, which names each
+/// key's owner by its rank in the base store (`base_ranks`), so a member that left ends the
+/// wait at once (errc::peer_failed) rather than at the deadline.
 ///
 /// The job's store serves one call at a time (its contract 7), and a parent and the groups
 /// split from it may set up on different threads, so every view of one base shares a mutex.
 class group_store final : public store {
  public:
   group_store(std::shared_ptr<store> base, std::shared_ptr<std::mutex> lock, std::string prefix,
-              int rank, int size)
+              int rank, std::vector<int> base_ranks)
       : base_(std::move(base)), lock_(std::move(lock)), prefix_(std::move(prefix)),
-        rank_(rank), size_(size) {}
+        rank_(rank), base_ranks_(std::move(base_ranks)) {}
 
   void set(std::string_view key, std::span<const std::byte> value) override {
     std::lock_guard lk(*lock_);
@@ -37,6 +40,23 @@ class group_store final : public store {
     std::lock_guard lk(*lock_);
     return base_->get(prefix_ + std::string(key));
   }
+  std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
+                                              std::span<const int> owners) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    std::vector<int> base_owners;
+    for (int o : owners) {
+      if (o < -1 || o >= size()) {
+        throw error(errc::invalid_argument,
+                    "store get_all: owner " + std::to_string(o) + " is not a rank of a split group of " +
+                        std::to_string(size()) + " (or -1 for any)",
+                    {}, std::nullopt, "get_all");
+      }
+      base_owners.push_back(o < 0 ? -1 : base_ranks_[static_cast<std::size_t>(o)]);
+    }
+    std::lock_guard lk(*lock_);
+    return in_group_ranks([&] { return base_->get_all(full, base_owners); });
+  }
   std::int64_t add(std::string_view key, std::int64_t delta) override {
     std::lock_guard lk(*lock_);
     return base_->add(prefix_ + std::string(key), delta);
@@ -44,30 +64,15 @@ class group_store final : public store {
   std::vector<std::vector<std::byte>> all_gather(std::string_view key,
                                                  std::span<const std::byte> mine) override {
     const std::string round = next_round(key);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(round + "/" + std::to_string(r));
     std::lock_guard lk(*lock_);
-    base_->set(round + "/" + std::to_string(rank_), mine);
-    std::vector<std::vector<std::byte>> all(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) all[static_cast<std::size_t>(r)] = fetch(round, r);
-    return all;
+    base_->set(keys[static_cast<std::size_t>(rank_)], mine);
+    return in_group_ranks([&] { return base_->get_all(keys, base_ranks_); });
   }
-  void barrier(std::string_view key) override {
-    const std::string round = next_round(key);
-    std::lock_guard lk(*lock_);
-    // The last rank to arrive says so; everyone waits for that.
-    if (base_->add(round, 1) == size_) base_->set(round + "/done", {});
-    try {
-      base_->get(round + "/done");
-    } catch (const error& e) {
-      if (e.code() != errc::timeout) throw;
-      const std::int64_t arrived = base_->add(round, 0);
-      throw error(errc::timeout, "barrier of a split group (" + std::to_string(arrived) + " of " +
-                                     std::to_string(size_) + " ranks arrived): " +
-                                     std::string(e.what()).substr(8),
-                  {}, std::nullopt, "barrier");
-    }
-  }
+  void barrier(std::string_view key) override { (void)all_gather(key, {}); }
   int rank() const noexcept override { return rank_; }
-  int size() const noexcept override { return size_; }
+  int size() const noexcept override { return static_cast<int>(base_ranks_.size()); }
   const job_secret& secret() const noexcept override { return base_->secret(); }
   const std::array<std::byte, 16>& job_id() const noexcept override { return base_->job_id(); }
 
@@ -76,15 +81,26 @@ class group_store final : public store {
     const std::string k(key);
     return prefix_ + k + "#" + std::to_string(rounds_[k]++);
   }
-  /// Rank r's part of a round, naming r when it never arrives.
-  std::vector<std::byte> fetch(const std::string& round, int r) {
+  /// Runs a wait on the base store; an error naming base ranks is rethrown naming the
+  /// group's ranks too, as the communicator over this view numbers them.
+  template <class Wait>
+  auto in_group_ranks(Wait wait) -> decltype(wait()) {
     try {
-      return base_->get(round + "/" + std::to_string(r));
+      return wait();
     } catch (const error& e) {
-      if (e.code() != errc::timeout) throw;
-      throw error(errc::timeout, "rank " + std::to_string(r) + " of a split group never arrived: " +
-                                     std::string(e.what()).substr(8),
-                  {r}, std::nullopt, "all_gather");
+      if (e.ranks().empty()) throw;
+      std::vector<int> mine;
+      for (int b : e.ranks()) {
+        auto at = std::find(base_ranks_.begin(), base_ranks_.end(), b);
+        if (at != base_ranks_.end()) mine.push_back(static_cast<int>(at - base_ranks_.begin()));
+      }
+      if (mine.size() != e.ranks().size()) throw;  // a base rank outside the group: as it is
+      std::string which = mine.size() == 1 ? "rank " : "ranks ";
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        which += (i == 0 ? "" : ", ") + std::to_string(mine[i]);
+      throw error(e.code(),
+                  std::string(e.what()).substr(8) + " (in a split group: its " + which + ")",
+                  std::move(mine), std::nullopt, e.call().empty() ? "store" : e.call());
     }
   }
 
@@ -92,7 +108,7 @@ class group_store final : public store {
   std::shared_ptr<std::mutex> lock_;
   std::string prefix_;
   int rank_;
-  int size_;
+  std::vector<int> base_ranks_;
   std::map<std::string, int> rounds_;
 };
 

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -190,7 +191,7 @@ struct tcp_store::state {
              what);
     store_reply r;
     r.header = store_decode_header(reply_head.data());
-    if (r.header.op != h.op || r.header.status > static_cast<std::uint8_t>(store_status::error) ||
+    if (r.header.op != h.op || r.header.status > static_cast<std::uint8_t>(store_status::left) ||
         r.header.reserved != 0 || r.header.key_len != 0) {
       protocol_failure(what, "malformed header");
     }
@@ -223,29 +224,76 @@ struct tcp_store::state {
          what);
   }
 
-  // Waits for every key; returns their values, or the indices of the keys still missing
-  // when the deadline passed.
+  // Waits for every key, keys[i] set by rank owners[i] (all of them store_any_owner when
+  // `owners` is empty); returns their values. When the wait ended without them, `missing`
+  // holds the indices of the keys still missing and `left` says whether the server ended it
+  // because their owners left the store (else the deadline passed).
   std::vector<std::vector<std::byte>> get_many(const std::vector<std::string>& keys,
+                                               std::span<const std::uint32_t> owners,
                                                detail::store_clock::time_point deadline,
-                                               std::string_view what, std::vector<int>& missing) {
+                                               std::string_view what,
+                                               std::vector<std::size_t>& missing, bool& left) {
     using namespace detail;
-    auto list = store_encode_keys(keys);
+    auto list = store_encode_keys(keys, owners);
     std::size_t max_reply = keys.size() * (8 + max_store_value);
     auto r = call(store_op::get_many, {}, list, store_ms_until(deadline),
                   deadline + store_reply_margin, max_reply, what);
     std::vector<std::vector<std::byte>> values;
     auto status = static_cast<store_status>(r.header.status);
     if (status == store_status::error) throw_reply_error(r, what);
-    if (status == store_status::timeout) {
-      std::vector<std::size_t> indices;
-      if (auto bad = store_decode_missing(r.value, keys.size(), indices)) {
+    left = status == store_status::left;
+    if (status == store_status::timeout || left) {
+      if (auto bad = store_decode_missing(r.value, keys.size(), missing)) {
         protocol_failure(what, *bad);
       }
-      for (std::size_t i : indices) missing.push_back(static_cast<int>(i));  // i < world size
+      if (left && (owners.empty() || std::any_of(missing.begin(), missing.end(), [&](std::size_t i) {
+                     return owners[i] == store_any_owner;
+                   }))) {
+        protocol_failure(what, "a key any rank may set is reported as left");
+      }
       return values;
     }
     if (auto bad = store_decode_values(r.value, keys.size(), values)) protocol_failure(what, *bad);
     return values;
+  }
+
+  // get_many for keys that each name their owner, failing with the ranks to blame: a wait
+  // that ran out is errc::timeout naming the owners that never set their keys, one that an
+  // owner left is errc::peer_failed naming the owners that left.
+  std::vector<std::vector<std::byte>> wait_for(const std::vector<std::string>& keys,
+                                               std::span<const std::uint32_t> owners,
+                                               detail::store_clock::time_point deadline,
+                                               std::string_view call_name,
+                                               const std::string& what) {
+    using namespace detail;
+    std::vector<std::size_t> missing;
+    bool left = false;
+    auto values = get_many(keys, owners, deadline, what, missing, left);
+    if (missing.empty()) return values;
+    std::vector<int> ranks;
+    std::string unowned;
+    for (std::size_t i : missing) {
+      if (owners[i] != store_any_owner) {
+        ranks.push_back(static_cast<int>(owners[i]));  // < world size, checked by the server
+      } else {
+        unowned += (unowned.empty() ? "" : ", ") + store_key_text(keys[i]);
+      }
+    }
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    if (left) {
+      fail(errc::peer_failed,
+           what + " at " + address + ": " + store_ranks_text(ranks) +
+               (ranks.size() == 1 ? " has" : " have") +
+               " left the store without taking part (exited, failed, or closed its store)",
+           call_name, ranks);
+    }
+    std::string absent = ranks.empty() ? "" : store_ranks_text(ranks) + " never arrived";
+    if (!unowned.empty()) absent += (absent.empty() ? "" : "; ") + ("no rank set " + unowned);
+    fail(errc::timeout,
+         what + " at " + address + " timed out after " + store_seconds_text(options.timeout) +
+             ": " + absent,
+         call_name, ranks);
   }
 
   // all_gather and barrier: every rank sets its key of this round, then waits for all.
@@ -274,15 +322,9 @@ struct tcp_store::state {
     auto& my_key = keys[static_cast<std::size_t>(info.rank)];
     auto r = call(store_op::set, my_key, mine, 0, store_clock::now() + options.timeout, 0, what);
     if (r.header.status != 0) throw_reply_error(r, what);
-    std::vector<int> missing;
-    auto values = get_many(keys, deadline, what, missing);
-    if (!missing.empty()) {
-      fail(errc::timeout,
-           what + " at " + address + " timed out after " + store_seconds_text(options.timeout) +
-               ": " + store_ranks_text(missing) + " never arrived",
-           kind, missing);
-    }
-    return values;
+    std::vector<std::uint32_t> owners(keys.size());
+    std::iota(owners.begin(), owners.end(), std::uint32_t{0});
+    return wait_for(keys, owners, deadline, kind, what);
   }
 
   detail::unique_fd connect_with_retry(detail::store_clock::time_point deadline) {
@@ -391,14 +433,17 @@ inline tcp_store tcp_store::connect(const launch_info& info, store_options optio
   // The rendezvous: wait until every rank has said hello.
   std::vector<std::string> keys;
   for (int rank = 0; rank < info.size; ++rank) keys.push_back(store_hello_key(rank));
-  std::vector<int> missing;
-  s->get_many(keys, deadline, "rendezvous", missing);
+  // Any rank sets hello keys (the server does), so this wait never ends with `left`.
+  std::vector<std::size_t> missing;
+  bool left = false;
+  s->get_many(keys, {}, deadline, "rendezvous", missing, left);
   if (!missing.empty()) {
+    std::vector<int> ranks(missing.begin(), missing.end());  // key i is rank i's hello
     throw error(errc::timeout,
                 "rendezvous at " + s->address + " timed out after " +
-                    store_seconds_text(s->options.timeout) + ": " + store_ranks_text(missing) +
+                    store_seconds_text(s->options.timeout) + ": " + store_ranks_text(ranks) +
                     " never arrived",
-                missing, std::nullopt, "connect");
+                ranks, std::nullopt, "connect");
   }
   return tcp_store(std::move(s));
 }
@@ -437,6 +482,45 @@ inline std::int64_t tcp_store::add(std::string_view key, std::int64_t delta) {
                         detail::store_clock::now() + state_->options.timeout, 0, what);
   if (r.header.status != 0) state_->throw_reply_error(r, what);
   return r.header.arg;
+}
+
+inline std::vector<std::vector<std::byte>> tcp_store::get_all(std::span<const std::string> keys,
+                                                              std::span<const int> owners) {
+  using namespace detail;
+  if (keys.empty() || keys.size() != owners.size()) {
+    state_->fail(errc::invalid_argument,
+                 "store get_all: wants one owner per key and at least one key, got " +
+                     std::to_string(keys.size()) + " keys and " + std::to_string(owners.size()) +
+                     " owners",
+                 "get_all");
+  }
+  std::vector<std::string> list(keys.begin(), keys.end());
+  std::vector<std::uint32_t> owner_of;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    store_check_key(keys[i], "get_all");
+    if (owners[i] < -1 || owners[i] >= size()) {
+      state_->fail(errc::invalid_argument,
+                   "store get_all: key " + store_key_text(keys[i]) + " names owner " +
+                       std::to_string(owners[i]) + ", not a rank of " + std::to_string(size()) +
+                       " (or -1 for any)",
+                   "get_all");
+    }
+    owner_of.push_back(owners[i] < 0 ? store_any_owner : static_cast<std::uint32_t>(owners[i]));
+  }
+  std::vector<std::string_view> sorted(list.begin(), list.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+    state_->fail(errc::invalid_argument,
+                 "store get_all: key " + store_key_text(*twice) + " is named twice", "get_all");
+  }
+  if (store_encode_keys(list, owner_of).size() > max_store_value) {
+    state_->fail(errc::invalid_argument, "store get_all: the list of keys is over 64 MiB",
+                 "get_all");
+  }
+  std::string what = "get_all of " + store_key_text(list.front()) +
+                     (list.size() > 1 ? " and " + std::to_string(list.size() - 1) + " more" : "");
+  return state_->wait_for(list, owner_of, store_clock::now() + state_->options.timeout, "get_all",
+                          what);
 }
 
 inline std::vector<std::vector<std::byte>> tcp_store::all_gather(std::string_view key,

@@ -31,21 +31,27 @@ namespace chorus::detail {
 //   set      key, value             -> ok
 //   get      key, arg = wait ms     -> ok + value | timeout
 //   add      key, arg = delta       -> ok, arg = new value | error (not a counter, overflow)
-//   get_many value = u32 n, n x (u32 len, key bytes), arg = wait ms
+//   get_many value = u32 n, n x (u32 owner, u32 len, key bytes), arg = wait ms
 //            -> ok + value = n x (u64 len, value bytes)
 //             | timeout + value = u32 m, m x u32 index of a key still missing
+//             | left + value = u32 m, m x u32 index of a key still missing whose owner left
+//   A key's owner is the rank that will set it (store_any_owner: any rank). Once an owner
+//   that said hello has disconnected, its missing keys can never arrive, so the server
+//   answers `left` at once instead of letting the wait run to its deadline.
 inline constexpr std::size_t store_header_bytes = 24;
 inline constexpr std::size_t max_store_key = 4096;
 inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
 inline constexpr std::size_t max_store_error_text = 65536;
 inline constexpr std::uint32_t store_magic = 0x53524843;  // "CHRS" as little-endian bytes
-inline constexpr std::uint32_t store_version = 1;
+inline constexpr std::uint32_t store_version = 2;  // 2: get_many keys name their owners
 inline constexpr std::size_t store_hello_bytes = 16;
 // Longest a server-side wait may be asked to last; a larger request is clamped.
 inline constexpr std::int64_t max_store_wait_ms = std::int64_t{7} * 24 * 3600 * 1000;
 
 enum class store_op : std::uint8_t { hello = 1, set = 2, get = 3, add = 4, get_many = 5 };
-enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2 };
+enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2, left = 3 };
+/// The owner of a key that any rank may set.
+inline constexpr std::uint32_t store_any_owner = 0xffffffff;
 
 inline const char* to_string(store_op op) noexcept {
   switch (op) {
@@ -144,48 +150,60 @@ inline std::optional<std::string> store_check_request(const store_frame_header& 
   return "unknown op " + std::to_string(h.op);
 }
 
-/// Encodes a list of keys for get_many.
-inline std::vector<std::byte> store_encode_keys(std::span<const std::string> keys) {
+/// What a get_many waits for: keys[i], which rank owners[i] sets (or store_any_owner).
+struct store_wait_list {
+  std::vector<std::string> keys;
+  std::vector<std::uint32_t> owners;
+};
+
+/// Encodes a list of keys for get_many; `owners` is empty (any rank sets each key) or names
+/// the owner of every key.
+inline std::vector<std::byte> store_encode_keys(std::span<const std::string> keys,
+                                                std::span<const std::uint32_t> owners = {}) {
   std::size_t total = 4;
-  for (const auto& k : keys) total += 4 + k.size();
+  for (const auto& k : keys) total += 8 + k.size();
   std::vector<std::byte> out(total);
   std::byte* p = out.data();
   store_put_le(p, keys.size(), 4);
   p += 4;
-  for (const auto& k : keys) {
-    store_put_le(p, k.size(), 4);
-    p += 4;
-    for (char c : k) *p++ = static_cast<std::byte>(c);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    store_put_le(p, owners.empty() ? store_any_owner : owners[i], 4);
+    store_put_le(p + 4, keys[i].size(), 4);
+    p += 8;
+    for (char c : keys[i]) *p++ = static_cast<std::byte>(c);
   }
   return out;
 }
 
 /// Decodes a get_many key list; nullopt unless every length is in bounds, the list fills the
-/// buffer exactly and no key appears twice.
-inline std::optional<std::vector<std::string>> store_decode_keys(std::span<const std::byte> in) {
+/// buffer exactly and no key appears twice. Owners are not checked against the world size
+/// here: the server, which knows it, does that.
+inline std::optional<store_wait_list> store_decode_keys(std::span<const std::byte> in) {
   if (in.size() < 4) return std::nullopt;
   std::uint64_t n = store_get_le(in.data(), 4);
   std::size_t at = 4;
-  // Each key takes at least 5 bytes, so a count larger than that allows is a lie.
-  if (n == 0 || n > (in.size() - 4) / 5) return std::nullopt;
-  std::vector<std::string> keys;
-  keys.reserve(static_cast<std::size_t>(n));
+  // Each key takes at least 9 bytes, so a count larger than that allows is a lie.
+  if (n == 0 || n > (in.size() - 4) / 9) return std::nullopt;
+  store_wait_list list;
+  list.keys.reserve(static_cast<std::size_t>(n));
+  list.owners.reserve(static_cast<std::size_t>(n));
   for (std::uint64_t i = 0; i < n; ++i) {
-    if (in.size() - at < 4) return std::nullopt;
-    auto len = static_cast<std::size_t>(store_get_le(in.data() + at, 4));
-    at += 4;
+    if (in.size() - at < 8) return std::nullopt;
+    list.owners.push_back(static_cast<std::uint32_t>(store_get_le(in.data() + at, 4)));
+    auto len = static_cast<std::size_t>(store_get_le(in.data() + at + 4, 4));
+    at += 8;
     if (len == 0 || len > max_store_key || in.size() - at < len) return std::nullopt;
-    keys.emplace_back(reinterpret_cast<const char*>(in.data() + at), len);
+    list.keys.emplace_back(reinterpret_cast<const char*>(in.data() + at), len);
     at += len;
   }
   if (at != in.size()) return std::nullopt;
   // The reply carries each named key's value, so a key named again and again would let a few
   // bytes of request ask for a reply thousands of times larger than anything stored (6500
   // names of one 32 KiB value: 213 MB). Clients never name a key twice.
-  std::vector<std::string_view> sorted(keys.begin(), keys.end());
+  std::vector<std::string_view> sorted(list.keys.begin(), list.keys.end());
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return std::nullopt;
-  return keys;
+  return list;
 }
 
 /// Decodes a get_many ok reply to a list of `count` keys (n x (u64 len, bytes)) into `values`,
@@ -210,8 +228,8 @@ inline std::optional<std::string> store_decode_values(std::span<const std::byte>
   return std::nullopt;
 }
 
-/// Decodes a get_many timeout reply to a list of `count` keys (u32 m, m x u32 index) into
-/// `missing`, replacing its contents: the indices of the keys still missing. Returns why the
+/// Decodes a get_many timeout or left reply to a list of `count` keys (u32 m, m x u32 index)
+/// into `missing`, replacing its contents: the indices of the keys still missing. Returns why the
 /// reply is malformed, or nullopt. The server lists indices in increasing order, so a repeated
 /// or unsorted index is a bad reply too (it would name a rank twice in the timeout message).
 inline std::optional<std::string> store_decode_missing(std::span<const std::byte> in,

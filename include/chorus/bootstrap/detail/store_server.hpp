@@ -49,6 +49,10 @@ inline std::string store_hello_key(int rank) { return "__chorus/hello/" + std::t
 ///     costs nothing and bounds the server's memory per connection to one frame.
 ///  4. Waits have deadlines chosen by the client; when one passes the server answers
 ///     `timeout` listing the keys still missing, so the client can name the missing ranks.
+///     A get_many names each key's owner: once an owner that said hello has disconnected,
+///     with its key still missing, the wait is answered `left` at once. A rank that exited
+///     or failed in the middle of a rendezvous ends its peers' waits in milliseconds, not at
+///     the deadline.
 ///  5. Nothing but the handshake (detail/handshake.hpp) is read from a connection until it
 ///     has proved knowledge of the job secret; a connection that has not proved it and said
 ///     hello within auth_timeout (5 s) is closed with a logged reason, so neither garbage
@@ -69,7 +73,8 @@ class store_server {
       : world_size_(world_size),
         hello_timeout_(std::min<std::chrono::milliseconds>(hello_timeout, auth_timeout)),
         secret_(std::move(secret)),
-        by_rank_(static_cast<std::size_t>(world_size)) {
+        by_rank_(static_cast<std::size_t>(world_size)),
+        left_(static_cast<std::size_t>(world_size), false) {
     auth_random(job_);
     std::string reason;
     auto addresses = store_resolve(host, port, reason);
@@ -176,6 +181,7 @@ class store_server {
  private:
   struct pending_wait {
     std::vector<std::string> keys;
+    std::vector<std::uint32_t> owners;  // get_many only: who sets each key
     bool many = false;
     store_clock::time_point deadline;
   };
@@ -275,21 +281,41 @@ class store_server {
     return true;
   }
 
-  void answer_timeout(connection& c) {
-    const pending_wait& w = *c.wait;
+  // The indices of the wait's keys still missing; with `only_left`, just those whose owner
+  // has left the store.
+  std::vector<std::uint32_t> missing_keys(const pending_wait& w, bool only_left) const {
+    std::vector<std::uint32_t> missing;
+    for (std::size_t i = 0; i < w.keys.size(); ++i) {
+      if (data_.contains(w.keys[i])) continue;
+      if (only_left && (w.owners[i] == store_any_owner || !left_[w.owners[i]])) continue;
+      missing.push_back(static_cast<std::uint32_t>(i));
+    }
+    return missing;
+  }
+
+  // Ends a wait without its values: `status` (timeout or left) and the keys it lists.
+  void answer_missing(connection& c, store_status status, const std::vector<std::uint32_t>& missing) {
     std::vector<std::byte> value;
-    if (w.many) {
-      std::vector<std::uint32_t> missing;
-      for (std::size_t i = 0; i < w.keys.size(); ++i) {
-        if (!data_.contains(w.keys[i])) missing.push_back(static_cast<std::uint32_t>(i));
-      }
+    if (c.wait->many) {
       value.resize(4 + 4 * missing.size());
       store_put_le(value.data(), missing.size(), 4);
       for (std::size_t i = 0; i < missing.size(); ++i)
         store_put_le(value.data() + 4 + 4 * i, missing[i], 4);
     }
-    reply(c, w.many ? store_op::get_many : store_op::get, store_status::timeout, value);
+    reply(c, c.wait->many ? store_op::get_many : store_op::get, status, value);
     c.wait.reset();
+  }
+
+  void answer_timeout(connection& c) {
+    answer_missing(c, store_status::timeout,
+                   c.wait->many ? missing_keys(*c.wait, false) : std::vector<std::uint32_t>{});
+  }
+
+  // Design point 4: answers `left` if a key the wait needs belongs to a rank that has gone.
+  void answer_if_left(connection& c) {
+    if (!c.wait || !c.wait->many) return;
+    auto gone = missing_keys(*c.wait, true);
+    if (!gone.empty()) answer_missing(c, store_status::left, gone);
   }
 
   void wake_waiters() {
@@ -368,6 +394,7 @@ class store_server {
                     by_rank_[slot]->peer + "); two processes claim the same rank");
     }
     by_rank_[slot] = &c;
+    left_[slot] = false;  // a rank may come back after its process restarted
     c.rank = rank;
     if (store_debug_enabled()) log(c, "said hello");
     reply(c, store_op::hello, store_status::ok, {});
@@ -386,7 +413,7 @@ class store_server {
         set_key(std::move(key), std::vector<std::byte>(value.begin(), value.end()));
         return;
       case store_op::get:
-        c.wait = pending_wait{{std::move(key)}, false, wait_deadline(c.header.arg)};
+        c.wait = pending_wait{{std::move(key)}, {}, false, wait_deadline(c.header.arg)};
         if (!try_answer(c) && c.wait->deadline <= store_clock::now()) answer_timeout(c);
         return;
       case store_op::add: {
@@ -412,10 +439,19 @@ class store_server {
         return;
       }
       case store_op::get_many: {
-        auto keys = store_decode_keys(value);
-        if (!keys) return drop(c, "malformed get_many key list");
-        c.wait = pending_wait{std::move(*keys), true, wait_deadline(c.header.arg)};
-        if (!try_answer(c) && c.wait->deadline <= store_clock::now()) answer_timeout(c);
+        auto list = store_decode_keys(value);
+        if (!list) return drop(c, "malformed get_many key list");
+        for (auto owner : list->owners) {
+          if (owner != store_any_owner && owner >= static_cast<std::uint32_t>(world_size_)) {
+            return drop(c, "get_many names owner rank " + std::to_string(owner) +
+                               ", outside the world of " + std::to_string(world_size_));
+          }
+        }
+        c.wait = pending_wait{std::move(list->keys), std::move(list->owners), true,
+                              wait_deadline(c.header.arg)};
+        if (try_answer(c)) return;
+        answer_if_left(c);
+        if (c.wait && c.wait->deadline <= store_clock::now()) answer_timeout(c);
         return;
       }
       case store_op::hello:
@@ -525,13 +561,18 @@ class store_server {
   }
 
   void reap() {
+    bool someone_left = false;
     for (auto& c : conns_) {
       if (c->dead && c->rank >= 0) {
         if (store_debug_enabled()) log(*c, "disconnected");
         by_rank_[static_cast<std::size_t>(c->rank)] = nullptr;
+        left_[static_cast<std::size_t>(c->rank)] = true;
+        someone_left = true;
       }
     }
     std::erase_if(conns_, [](const auto& c) { return c->dead; });
+    if (!someone_left) return;
+    for (auto& c : conns_) answer_if_left(*c);
   }
 
   bool any_rank_connected() const {
@@ -654,6 +695,7 @@ class store_server {
   // Owned by the server thread alone once start() has run.
   std::vector<std::unique_ptr<connection>> conns_;
   std::vector<connection*> by_rank_;  // rank -> its connection, or null
+  std::vector<bool> left_;            // rank -> said hello, then disconnected
   std::unordered_map<std::string, std::vector<std::byte>> data_;
   store_clock::time_point accept_paused_until_{};
 };

@@ -77,7 +77,10 @@ inline shm_transport shm_transport::connect(store& store, const launch_info& inf
         t.seg_ = std::make_unique<shm_segment>(shm_segment::create(name, layout));
         store.set(key, std::as_bytes(std::span<const char>(name.data(), name.size())));
       } else {
-        const auto v = store.get(key);
+        // The creator sets it: a creator that has left ends the wait at once, naming it.
+        const std::string keys[] = {key};
+        const int owners[] = {t.local_.front()};
+        const auto v = store.get_all(keys, owners).front();
         name.assign(reinterpret_cast<const char*>(v.data()), v.size());
         t.seg_ = std::make_unique<shm_segment>(shm_segment::open(name, layout));
       }
