@@ -433,6 +433,7 @@ TEST_CASE("a rank that leaves before its part of a wait ends that wait at once, 
     const std::string address = "127.0.0.1:" + std::to_string(port);
     auto outcomes = run_ranks(iota_ranks(3), [&](int r) {
       auto store = chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 60s});
+      CHILD_CHECK(store.departed().empty());
       if (r == 2) {
         store.set("k2", bytes("from 2"));
         std::this_thread::sleep_for(300ms);  // the others are waiting by now, or soon
@@ -467,9 +468,14 @@ TEST_CASE("a rank that leaves before its part of a wait ends that wait at once, 
       const std::vector<int> three_owners = {0, 1, 2};
       failed += names_rank_2([&] { (void)store.get_all(three, three_owners); },
                              "get_all of 'k0' and 2 more");
-      // The server answered each of these, so the store is still usable.
+      // The server answered each of these, so the store is still usable, and says who left:
       store.set("still", bytes("fine"));
       CHILD_CHECK(text(store.get("still")) == "fine");
+      // rank 2, and the other of ranks 0 and 1 if it has finished first (rank 0's store
+      // lingers for rank 1).
+      const auto gone = store.departed();
+      const auto other = std::vector<int>({r == 0 ? 1 : 0, 2});
+      CHILD_CHECK(gone == std::vector<int>{2} || gone == other);
       return failed;
     });
     check_exited_cleanly(outcomes[0]);
@@ -523,8 +529,12 @@ TEST_CASE("a split group's rounds wait only for its members, and name a member t
     CHILD_CHECK(all.size() == 2 && text(all[0]) == "from 0" && text(all[1]) == "from 2");
     group.barrier("up");
     if (r == 2) return 0;
-    return expect_error([&] { group.barrier("down"); }, chorus::errc::peer_failed,
-                        {"rank 2 has left the store", "(in a split group: its rank 1)"});
+    int failed = expect_error([&] { group.barrier("down"); }, chorus::errc::peer_failed,
+                              {"rank 2 has left the store", "(in a split group: its rank 1)"});
+    // Job rank 1 left too, but is no member: the group names its own rank 1 (job rank 2).
+    CHILD_CHECK(job->departed() == std::vector<int>({1, 2}));
+    CHILD_CHECK(group.departed() == std::vector<int>{1});
+    return failed;
   });
   for (const auto& c : outcomes) check_exited_cleanly(c);
 }

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -112,16 +113,34 @@ TEST_CASE("a SIGKILLed rank of 8, at a random point: every survivor's operation 
   MESSAGE("slowest survivor's error after the SIGKILL: " << worst_ms << " ms over " << trials() << " trials");
 }
 
+// For tests of a rank that leaves during set-up: every rank is killed after 40 s, well
+// before the 120 s bootstrap timeout that the survivors' waits would once have run to.
+test::run_options leaving_options(int victim) {
+  test::run_options o;
+  o.env = {{"CHORUS_BOOTSTRAP_TIMEOUT", "120"}};
+  o.expect_killed = {victim};
+  o.deadline = std::chrono::seconds(40);
+  return o;
+}
+
+// A survivor's `set_up` must fail with peer_failed naming only `victim`, saying `says`.
+void fails_naming(int rank, const std::function<void()>& set_up, int victim, const std::string& says) {
+  try {
+    set_up();
+    RANK_CHECK(false);
+  } catch (const error& e) {
+    std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
+    RANK_CHECK(e.code() == errc::peer_failed);
+    RANK_CHECK(e.ranks() == std::vector<int>{victim});
+    RANK_CHECK(std::string(e.what()).find(says) != std::string::npos);
+  }
+}
+
 TEST_CASE("a rank that leaves while communicators are made fails the others' creation at once, naming it") {
   // Rank 2 meets the others at the store and then leaves, returning or killed, before its
-  // transport's set-up: their waits for its part end when it goes, not at the 120 s
-  // bootstrap timeout (run_processes kills every rank after 40 s).
+  // transport's set-up: their waits for its part end when it goes.
   for (const bool killed : {false, true}) {
     CAPTURE(killed);
-    test::run_options o;
-    o.env = {{"CHORUS_BOOTSTRAP_TIMEOUT", "120"}};
-    o.expect_killed = {2};
-    o.deadline = std::chrono::seconds(40);
     run_processes(
         3,
         [&](int rank) {
@@ -130,16 +149,39 @@ TEST_CASE("a rank that leaves while communicators are made fails the others' cre
             if (killed) ::raise(SIGKILL);
             return;
           }
-          try {
-            auto comm = communicator::from_env<auto_transport>();
-            RANK_CHECK(false);
-          } catch (const error& e) {
-            std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
-            RANK_CHECK(e.code() == errc::peer_failed);
-            RANK_CHECK(names(e, 2));
-          }
+          fails_naming(rank, [] { (void)communicator::from_env<auto_transport>(); }, 2,
+                       "rank 2 has left the store without taking part");
         },
-        o);
+        leaving_options(2));
+  }
+}
+
+TEST_CASE("a rank that leaves after publishing its tcp address ends the others' set-up at once, naming it") {
+  // Rank 1 of 4 takes part in the tcp transport's store rounds, publishing the address of a
+  // port nobody listens on, and leaves (returning or killed). Rank 0 dials it and is
+  // refused; ranks 2 and 3 wait for its connections. Each asks the store who left.
+  for (const bool killed : {false, true}) {
+    CAPTURE(killed);
+    run_processes(
+        4,
+        [&](int rank) {
+          const launch_info info = launch_info_from_env();
+          tcp_store store = tcp_store::connect(info);
+          if (rank == 1) {
+            (void)detail::agree_conns(store, info, 0);
+            const auto nobody = detail::resolve("127.0.0.1", static_cast<std::uint16_t>(test::free_port()));
+            (void)detail::publish_addresses(store, "chorus/tcp/addr", nobody, "tcp address");
+            if (killed) ::raise(SIGKILL);
+            return;
+          }
+          fails_naming(rank, [&] { (void)tcp_transport::connect(store, info); }, 1,
+                       "rank 1 has left the job during tcp set-up");
+          // Nobody leaves before every survivor has asked (rank 0 hosts the store, and a
+          // survivor gone early would be named too).
+          store.add("asked", 1);
+          while (store.add("asked", 0) < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        },
+        leaving_options(1));
   }
 }
 
@@ -380,3 +422,4 @@ TEST_CASE("heartbeat options: a timeout under twice the period is refused, namin
 }
 
 }  // namespace
+

@@ -280,6 +280,7 @@ void store_protocol_seeds() {
   append(missing, le(1, 4));
   append(missing, le(3, 4));
   seed("store_protocol", "missing_reply", with_count(4, missing));
+  seed("store_protocol", "departed_none", with_count(4, le(0, 4)));
 }
 
 // ---- handshake: an initiator's hello (and more) to a responder, or a challenge to an initiator ----
@@ -336,6 +337,8 @@ void store_server_seeds() {
   seed("store_server", "waits_on_owned_keys",
        conversation({hello(0), request(store_op::set, "mine", abc),
                      request(store_op::get_many, "", keys({"mine", "theirs"}, {0, 1}), 20)}));
+  seed("store_server", "departed_then_one_with_a_key",
+       conversation({hello(0), request(store_op::departed, ""), request(store_op::departed, "k")}));
   seed("store_server", "owner_outside_world",
        conversation({hello(0), request(store_op::get_many, "", keys({"k"}, {7}))}));
   seed("store_server", "wait_cut_short_by_hangup",

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the rendezvous store's wire decoders (store_protocol.hpp), every one fed the
 // same bytes: a request header (checked before and after hello), a get_many key list with
-// its owners (the server's side) and a get_many reply, values or missing keys (the client's
-// side).
+// its owners (the server's side) and the replies the client decodes: values, missing keys
+// and departed ranks.
 //
-// Input: one byte, the number of keys the get_many asked for (1 to 256), then the bytes.
+// Input: one byte, the number of keys the get_many asked for, or of ranks (1 to 256), then
+// the bytes.
 //
 // What must hold: no decoder reads past the bytes it is given, or allocates more than they can
 // describe (ASan); whatever a decoder accepts re-encodes to exactly those bytes and keeps the
@@ -87,17 +88,33 @@ void value_reply(std::span<const std::byte> in, std::size_t count) {
   if (!same(again, in)) fail("a value list does not re-encode to its bytes");
 }
 
+// A list of indices (missing keys, departed ranks): exactly its bytes, each index below
+// `count` and above the one before.
+void check_indices(std::span<const std::byte> in, std::size_t count,
+                   const std::vector<std::size_t>& list, const char* what) {
+  if (in.size() != 4 + 4 * list.size()) {
+    std::fprintf(stderr, "fuzz store_protocol: %s\n", what);
+    fail("a list of the wrong length was accepted");
+  }
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (list[i] >= count || (i > 0 && list[i] <= list[i - 1])) {
+      std::fprintf(stderr, "fuzz store_protocol: %s\n", what);
+      fail("a list with a bad index was accepted");
+    }
+  }
+}
+
 void missing_reply(std::span<const std::byte> in, std::size_t count) {
   std::vector<std::size_t> missing;
   if (store_decode_missing(in, count, missing)) return;
-  if (missing.empty() || in.size() != 4 + 4 * missing.size()) {
-    fail("a missing-key list of the wrong length was accepted");
-  }
-  for (std::size_t i = 0; i < missing.size(); ++i) {
-    if (missing[i] >= count || (i > 0 && missing[i] <= missing[i - 1])) {
-      fail("a missing-key list with a bad index was accepted");
-    }
-  }
+  if (missing.empty()) fail("an empty missing-key list was accepted");
+  check_indices(in, count, missing, "missing keys");
+}
+
+void departed_reply(std::span<const std::byte> in, std::size_t world) {
+  std::vector<std::size_t> ranks;
+  if (store_decode_departed(in, world, ranks)) return;
+  check_indices(in, world, ranks, "departed ranks");
 }
 
 }  // namespace
@@ -110,5 +127,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   key_list(in);
   value_reply(in, count);
   missing_reply(in, count);
+  departed_reply(in, count);
   return 0;
 }

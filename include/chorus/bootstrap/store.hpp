@@ -70,6 +70,9 @@ class store {
     for (const auto& k : keys) values.push_back(get(k));
     return values;
   }
+  /// The ranks that have left the store (said hello, then disconnected), ascending, for
+  /// set-up steps that wait outside it. This default, for stores that cannot tell, is none.
+  virtual std::vector<int> departed() { return {}; }
   /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
   /// Every rank passes its own `mine`; returns every rank's value, indexed by rank.
@@ -146,6 +149,9 @@ class tcp_store final : public store {
   /// naming the owners that left first (contract 3).
   std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
                                               std::span<const int> owners) override;
+  /// The ranks that said hello and have disconnected since, ascending: exited, failed, or
+  /// destroyed their store. One round trip, no wait.
+  std::vector<int> departed() override;
   /// Adds `delta` to the counter under `key` (0 when absent) and returns the new value.
   /// errc::invalid_argument when the key holds something other than a counter.
   std::int64_t add(std::string_view key, std::int64_t delta) override;

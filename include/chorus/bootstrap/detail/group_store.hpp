@@ -57,6 +57,20 @@ class group_store final : public store {
     std::lock_guard lk(*lock_);
     return in_group_ranks([&] { return base_->get_all(full, base_owners); });
   }
+  std::vector<int> departed() override {
+    std::vector<int> base_gone;
+    {
+      std::lock_guard lk(*lock_);
+      base_gone = base_->departed();
+    }
+    std::vector<int> gone;
+    for (std::size_t r = 0; r < base_ranks_.size(); ++r) {
+      if (std::binary_search(base_gone.begin(), base_gone.end(), base_ranks_[r])) {
+        gone.push_back(static_cast<int>(r));
+      }
+    }
+    return gone;
+  }
   std::int64_t add(std::string_view key, std::int64_t delta) override {
     std::lock_guard lk(*lock_);
     return base_->add(prefix_ + std::string(key), delta);

@@ -475,6 +475,19 @@ inline std::vector<std::byte> tcp_store::get(std::string_view key) {
   return std::move(r.value);
 }
 
+inline std::vector<int> tcp_store::departed() {
+  using namespace detail;
+  const auto world = static_cast<std::size_t>(size());
+  auto r = state_->call(store_op::departed, {}, {}, 0, store_clock::now() + state_->options.timeout,
+                        4 + 4 * world, "departed");
+  if (r.header.status != 0) state_->throw_reply_error(r, "departed");
+  std::vector<std::size_t> ranks;
+  if (auto bad = store_decode_departed(r.value, world, ranks)) {
+    state_->protocol_failure("departed", *bad);
+  }
+  return {ranks.begin(), ranks.end()};  // each < world size
+}
+
 inline std::int64_t tcp_store::add(std::string_view key, std::int64_t delta) {
   detail::store_check_key(key, "add");
   auto what = "add " + detail::store_key_text(key);

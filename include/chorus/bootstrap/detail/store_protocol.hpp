@@ -38,6 +38,9 @@ namespace chorus::detail {
 //   A key's owner is the rank that will set it (store_any_owner: any rank). Once an owner
 //   that said hello has disconnected, its missing keys can never arrive, so the server
 //   answers `left` at once instead of letting the wait run to its deadline.
+//   departed -> ok + value = u32 m, m x u32 rank: the ranks that said hello and then
+//            disconnected, ascending (m may be 0). Set-up steps that wait outside the
+//            store (a TCP dial or accept) ask, so that a peer gone mid-set-up ends them.
 inline constexpr std::size_t store_header_bytes = 24;
 inline constexpr std::size_t max_store_key = 4096;
 inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
@@ -48,7 +51,14 @@ inline constexpr std::size_t store_hello_bytes = 16;
 // Longest a server-side wait may be asked to last; a larger request is clamped.
 inline constexpr std::int64_t max_store_wait_ms = std::int64_t{7} * 24 * 3600 * 1000;
 
-enum class store_op : std::uint8_t { hello = 1, set = 2, get = 3, add = 4, get_many = 5 };
+enum class store_op : std::uint8_t {
+  hello = 1,
+  set = 2,
+  get = 3,
+  add = 4,
+  get_many = 5,
+  departed = 6
+};
 enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2, left = 3 };
 /// The owner of a key that any rank may set.
 inline constexpr std::uint32_t store_any_owner = 0xffffffff;
@@ -65,6 +75,8 @@ inline const char* to_string(store_op op) noexcept {
       return "add";
     case store_op::get_many:
       return "get_many";
+    case store_op::departed:
+      return "departed";
   }
   return "unknown";
 }
@@ -145,6 +157,9 @@ inline std::optional<std::string> store_check_request(const store_frame_header& 
       if (h.value_len < 4 || h.value_len > max_store_value) {
         return "get_many list of " + std::to_string(h.value_len) + " bytes";
       }
+      return std::nullopt;
+    case store_op::departed:
+      if (h.key_len != 0 || h.value_len != 0) return "departed with a key or value";
       return std::nullopt;
   }
   return "unknown op " + std::to_string(h.op);
@@ -228,23 +243,40 @@ inline std::optional<std::string> store_decode_values(std::span<const std::byte>
   return std::nullopt;
 }
 
-/// Decodes a get_many timeout or left reply to a list of `count` keys (u32 m, m x u32 index)
-/// into `missing`, replacing its contents: the indices of the keys still missing. Returns why the
-/// reply is malformed, or nullopt. The server lists indices in increasing order, so a repeated
-/// or unsorted index is a bad reply too (it would name a rank twice in the timeout message).
+/// Decodes a list of u32 indices below `count`, strictly increasing (u32 m, m x u32), into
+/// `out`, replacing its contents; returns why the list is malformed, or nullopt. `allow_empty`:
+/// whether m may be 0. A repeated or unsorted index is malformed: the server lists indices
+/// in increasing order, and a repeat would name a rank twice in a message.
+inline std::optional<std::string> store_decode_indices(std::span<const std::byte> in,
+                                                       std::size_t count, bool allow_empty,
+                                                       std::vector<std::size_t>& out) {
+  if (in.size() < 4) return "truncated list";
+  std::uint64_t m = store_get_le(in.data(), 4);
+  if ((m == 0 && !allow_empty) || m > count || in.size() != 4 + 4 * m) return "malformed list";
+  out.clear();
+  for (std::size_t i = 0; i < m; ++i) {
+    std::uint64_t index = store_get_le(in.data() + 4 + 4 * i, 4);
+    if (index >= count) return "index out of range in a list";
+    if (!out.empty() && index <= out.back()) return "indices out of order in a list";
+    out.push_back(static_cast<std::size_t>(index));
+  }
+  return std::nullopt;
+}
+
+/// Decodes a get_many timeout or left reply to a list of `count` keys into `missing`: the
+/// indices of the keys still missing, at least one.
 inline std::optional<std::string> store_decode_missing(std::span<const std::byte> in,
                                                        std::size_t count,
                                                        std::vector<std::size_t>& missing) {
-  if (in.size() < 4) return "truncated list of missing keys";
-  std::uint64_t m = store_get_le(in.data(), 4);
-  if (m == 0 || m > count || in.size() != 4 + 4 * m) return "malformed list of missing keys";
-  missing.clear();
-  for (std::size_t i = 0; i < m; ++i) {
-    std::uint64_t index = store_get_le(in.data() + 4 + 4 * i, 4);
-    if (index >= count) return "missing-key index out of range";
-    if (!missing.empty() && index <= missing.back()) return "missing-key indices out of order";
-    missing.push_back(static_cast<std::size_t>(index));
-  }
+  if (auto bad = store_decode_indices(in, count, false, missing)) return *bad + " of missing keys";
+  return std::nullopt;
+}
+
+/// Decodes a departed reply in a world of `world` ranks into `ranks` (possibly none).
+inline std::optional<std::string> store_decode_departed(std::span<const std::byte> in,
+                                                        std::size_t world,
+                                                        std::vector<std::size_t>& ranks) {
+  if (auto bad = store_decode_indices(in, world, true, ranks)) return *bad + " of departed ranks";
   return std::nullopt;
 }
 

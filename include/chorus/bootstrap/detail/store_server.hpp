@@ -454,6 +454,18 @@ class store_server {
         if (c.wait && c.wait->deadline <= store_clock::now()) answer_timeout(c);
         return;
       }
+      case store_op::departed: {
+        std::vector<std::byte> list(4);
+        std::uint32_t m = 0;
+        for (std::size_t r = 0; r < left_.size(); ++r) {
+          if (!left_[r]) continue;
+          list.resize(list.size() + 4);
+          store_put_le(list.data() + list.size() - 4, r, 4);
+          ++m;
+        }
+        store_put_le(list.data(), m, 4);
+        return reply(c, op, store_status::ok, list);
+      }
       case store_op::hello:
         return;  // rejected by store_check_request
     }

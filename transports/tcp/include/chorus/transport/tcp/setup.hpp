@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <exception>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -51,6 +52,24 @@ inline void tune_socket(int fd, const tcp_options& o) {
     set_int_option(fd, SOL_SOCKET, SO_SNDBUF, o.buffer_bytes, "setsockopt(SO_SNDBUF)");
     set_int_option(fd, SOL_SOCKET, SO_RCVBUF, o.buffer_bytes, "setsockopt(SO_RCVBUF)");
   }
+}
+
+/// Fails set-up naming the wanted peers that have left the store: exited, failed or killed
+/// after publishing their addresses. Their connections will never come, and dialing a dead
+/// listener would retry refusals until the deadline.
+inline void fail_if_departed(store& st, const launch_info& info, const std::vector<bool>& wanted) {
+  std::vector<int> gone;
+  for (int r : st.departed()) {
+    if (r != info.rank && wanted[static_cast<std::size_t>(r)]) gone.push_back(r);
+  }
+  if (gone.empty()) return;
+  std::string which = gone.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < gone.size(); ++i) which += (i == 0 ? "" : ", ") + std::to_string(gone[i]);
+  std::string message = "rank " + std::to_string(info.rank) + ": " + which +
+                        (gone.size() == 1 ? " has" : " have") +
+                        " left the job during tcp set-up (exited, failed, or closed its store); "
+                        "its connections will never come";
+  throw error(errc::peer_failed, std::move(message), std::move(gone), std::nullopt, "connect");
 }
 
 /// Connections per peer: every rank's CHORUS_TCP_CONNS where set (all that set it must
@@ -300,6 +319,8 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
     }
   };
   std::exception_ptr accept_failure;
+  std::promise<void> accepted;
+  auto accept_done = accepted.get_future();
   std::thread acceptor([&] {
     try {
       accept_lower();
@@ -307,7 +328,10 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
       accept_failure = std::current_exception();
     }
     auth_thread_done();
+    accepted.set_value();
   });
+  // Peers that left the store are asked after about this long of waiting on them.
+  constexpr auto departure_check = std::chrono::milliseconds(100);
 
   // 4. Dial every higher rank and prove the secret to it. Each answers from its own
   //    accepting thread (step 3), so the ranks need no order among them.
@@ -326,13 +350,19 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
                        {static_cast<int>(peer)}, std::nullopt, "connect");
         };
         unique_fd fd;
+        auto next_check = clock::now() + departure_check;
         for (;;) {
           int err = 0;
           fd = store_connect_tcp(to, deadline, err);
           if (fd) break;
-          // Refused: the peer's listener may be momentarily full; retry until the deadline.
+          // Refused: the peer's listener may be momentarily full, or the peer gone (then
+          // its port may even be reused); retry until the deadline unless it left.
           if ((err != ECONNREFUSED && err != EINTR && err != EAGAIN) || clock::now() > deadline) {
             throw fail(store_errno_text(err));
+          }
+          if (clock::now() >= next_check) {
+            fail_if_departed(store, info, wanted);
+            next_check = clock::now() + departure_check;
           }
           ::usleep(10000);
         }
@@ -346,9 +376,16 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
         hello.comm = comm;
         hello.flags = opts.encrypt ? auth_flag_encrypt : 0;
         auth_result proved;
-        if (auto why = auth_initiate(fd.get(), secret, hello, deadline, proved)) throw fail(*why);
+        if (auto why = auth_initiate(fd.get(), secret, hello, deadline, proved)) {
+          fail_if_departed(store, info, wanted);  // a dead peer's reused port, say
+          throw fail(*why);
+        }
         install(std::move(fd), peer, idx, proved, true);
       }
+    }
+    // The lower ranks' connections: a lower rank that left will never dial.
+    while (accept_done.wait_for(departure_check) != std::future_status::ready) {
+      fail_if_departed(store, info, wanted);
     }
   } catch (...) {
     char byte = 1;
