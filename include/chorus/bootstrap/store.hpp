@@ -64,8 +64,7 @@ class store {
   /// owner has left it with its key unset, with errc::peer_failed naming the owner, where
   /// get() would wait to the deadline. This default gets each key in turn.
   virtual std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
-                                                      std::span<const int> owners) {
-    (void)owners;
+                                                      std::span<const int> /*owners*/) {
     std::vector<std::vector<std::byte>> values;
     for (const auto& k : keys) values.push_back(get(k));
     return values;

@@ -109,12 +109,10 @@ class group_store final : public store {
         if (at != base_ranks_.end()) mine.push_back(static_cast<int>(at - base_ranks_.begin()));
       }
       if (mine.size() != e.ranks().size()) throw;  // a base rank outside the group: as it is
-      std::string which = mine.size() == 1 ? "rank " : "ranks ";
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        which += (i == 0 ? "" : ", ") + std::to_string(mine[i]);
-      throw error(e.code(),
-                  std::string(e.what()).substr(8) + " (in a split group: its " + which + ")",
-                  std::move(mine), std::nullopt, e.call().empty() ? "store" : e.call());
+      std::string message = std::string(e.what()).substr(8) + " (in a split group: its " +
+                            store_ranks_text(mine) + ")";
+      throw error(e.code(), std::move(message), std::move(mine), std::nullopt,
+                  e.call().empty() ? "store" : e.call());
     }
   }
 

@@ -235,6 +235,10 @@ struct tcp_store::state {
                                                std::vector<std::size_t>& missing, bool& left) {
     using namespace detail;
     auto list = store_encode_keys(keys, owners);
+    if (list.size() > max_store_value) {
+      fail(errc::invalid_argument,
+           "store " + std::string(what) + ": the list of keys is over 64 MiB", what);
+    }
     std::size_t max_reply = keys.size() * (8 + max_store_value);
     auto r = call(store_op::get_many, {}, list, store_ms_until(deadline),
                   deadline + store_reply_margin, max_reply, what);
@@ -520,15 +524,9 @@ inline std::vector<std::vector<std::byte>> tcp_store::get_all(std::span<const st
     }
     owner_of.push_back(owners[i] < 0 ? store_any_owner : static_cast<std::uint32_t>(owners[i]));
   }
-  std::vector<std::string_view> sorted(list.begin(), list.end());
-  std::sort(sorted.begin(), sorted.end());
-  if (auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+  if (auto twice = store_key_named_twice(std::span<const std::string>(list))) {
     state_->fail(errc::invalid_argument,
                  "store get_all: key " + store_key_text(*twice) + " is named twice", "get_all");
-  }
-  if (store_encode_keys(list, owner_of).size() > max_store_value) {
-    state_->fail(errc::invalid_argument, "store get_all: the list of keys is over 64 MiB",
-                 "get_all");
   }
   std::string what = "get_all of " + store_key_text(list.front()) +
                      (list.size() > 1 ? " and " + std::to_string(list.size() - 1) + " more" : "");

@@ -165,6 +165,19 @@ inline std::optional<std::string> store_check_request(const store_frame_header& 
   return "unknown op " + std::to_string(h.op);
 }
 
+/// A key that `keys` names twice, if any. A get_many may not: its reply carries each named
+/// key's value, so a key named again and again would let a few bytes of request ask for a
+/// reply thousands of times larger than anything stored (6500 names of one 32 KiB value:
+/// 213 MB).
+template <class Key>
+std::optional<std::string_view> store_key_named_twice(std::span<const Key> keys) {
+  std::vector<std::string_view> sorted(keys.begin(), keys.end());
+  std::sort(sorted.begin(), sorted.end());
+  auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice == sorted.end()) return std::nullopt;
+  return *twice;
+}
+
 /// What a get_many waits for: keys[i], which rank owners[i] sets (or store_any_owner).
 struct store_wait_list {
   std::vector<std::string> keys;
@@ -212,12 +225,7 @@ inline std::optional<store_wait_list> store_decode_keys(std::span<const std::byt
     at += len;
   }
   if (at != in.size()) return std::nullopt;
-  // The reply carries each named key's value, so a key named again and again would let a few
-  // bytes of request ask for a reply thousands of times larger than anything stored (6500
-  // names of one 32 KiB value: 213 MB). Clients never name a key twice.
-  std::vector<std::string_view> sorted(list.keys.begin(), list.keys.end());
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return std::nullopt;
+  if (store_key_named_twice(std::span<const std::string>(list.keys))) return std::nullopt;
   return list;
 }
 
@@ -241,6 +249,14 @@ inline std::optional<std::string> store_decode_values(std::span<const std::byte>
   }
   if (at != in.size()) return "trailing bytes after the value list";
   return std::nullopt;
+}
+
+/// Encodes a list of u32 indices (u32 m, m x u32): missing keys, departed ranks.
+inline std::vector<std::byte> store_encode_indices(const std::vector<std::uint32_t>& indices) {
+  std::vector<std::byte> out(4 + 4 * indices.size());
+  store_put_le(out.data(), indices.size(), 4);
+  for (std::size_t i = 0; i < indices.size(); ++i) store_put_le(out.data() + 4 + 4 * i, indices[i], 4);
+  return out;
 }
 
 /// Decodes a list of u32 indices below `count`, strictly increasing (u32 m, m x u32), into

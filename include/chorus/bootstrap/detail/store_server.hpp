@@ -295,14 +295,8 @@ class store_server {
 
   // Ends a wait without its values: `status` (timeout or left) and the keys it lists.
   void answer_missing(connection& c, store_status status, const std::vector<std::uint32_t>& missing) {
-    std::vector<std::byte> value;
-    if (c.wait->many) {
-      value.resize(4 + 4 * missing.size());
-      store_put_le(value.data(), missing.size(), 4);
-      for (std::size_t i = 0; i < missing.size(); ++i)
-        store_put_le(value.data() + 4 + 4 * i, missing[i], 4);
-    }
-    reply(c, c.wait->many ? store_op::get_many : store_op::get, status, value);
+    reply(c, c.wait->many ? store_op::get_many : store_op::get, status,
+          c.wait->many ? store_encode_indices(missing) : std::vector<std::byte>{});
     c.wait.reset();
   }
 
@@ -455,16 +449,11 @@ class store_server {
         return;
       }
       case store_op::departed: {
-        std::vector<std::byte> list(4);
-        std::uint32_t m = 0;
+        std::vector<std::uint32_t> gone;
         for (std::size_t r = 0; r < left_.size(); ++r) {
-          if (!left_[r]) continue;
-          list.resize(list.size() + 4);
-          store_put_le(list.data() + list.size() - 4, r, 4);
-          ++m;
+          if (left_[r]) gone.push_back(static_cast<std::uint32_t>(r));
         }
-        store_put_le(list.data(), m, 4);
-        return reply(c, op, store_status::ok, list);
+        return reply(c, op, store_status::ok, store_encode_indices(gone));
       }
       case store_op::hello:
         return;  // rejected by store_check_request

@@ -63,9 +63,7 @@ inline void fail_if_departed(store& st, const launch_info& info, const std::vect
     if (r != info.rank && wanted[static_cast<std::size_t>(r)]) gone.push_back(r);
   }
   if (gone.empty()) return;
-  std::string which = gone.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < gone.size(); ++i) which += (i == 0 ? "" : ", ") + std::to_string(gone[i]);
-  std::string message = "rank " + std::to_string(info.rank) + ": " + which +
+  std::string message = "rank " + std::to_string(info.rank) + ": " + store_ranks_text(gone) +
                         (gone.size() == 1 ? " has" : " have") +
                         " left the job during tcp set-up (exited, failed, or closed its store); "
                         "its connections will never come";
