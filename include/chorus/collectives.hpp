@@ -223,6 +223,8 @@ inline algo_table parse_algo_table(std::string_view spec) {
     }
     return t;
   }
+  // A collective named twice is refused: which of its algorithms was meant is not ours to guess.
+  std::array<bool, collective_count> named{};
   std::size_t at = 0;
   while (at <= spec.size()) {
     std::size_t end = spec.find_first_of(";,", at);
@@ -239,6 +241,8 @@ inline algo_table parse_algo_table(std::string_view spec) {
     if (*a != algo::automatic && !implements(*c, *a)) {
       throw bad(std::string(to_string(*c)) + " has no " + std::string(to_string(*a)) + " algorithm");
     }
+    if (named[static_cast<std::size_t>(*c)]) throw bad(std::string(to_string(*c)) + " is named twice");
+    named[static_cast<std::size_t>(*c)] = true;
     t[static_cast<std::size_t>(*c)] = *a;
   }
   return t;

@@ -151,9 +151,17 @@ TEST_CASE("CHORUS_ALGO takes one algorithm for every collective that has it, or 
   CHECK(list[static_cast<std::size_t>(collective::all_gather)] == algo::bruck);
   CHECK(list[static_cast<std::size_t>(collective::broadcast)] == algo::chain);
   CHECK(list[static_cast<std::size_t>(collective::reduce)] == algo::automatic);
-  for (const char* bad : {"bogus", "allreduce:bogus", "bogus:ring", "allgather:tree", "allreduce"}) {
+  for (const char* bad : {"bogus", "allreduce:bogus", "bogus:ring", "allgather:tree", "allreduce",
+                          "allreduce:ring;allreduce:tree", "allreduce:ring;all_reduce:ring"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_algo_table(bad), error);
+  }
+  try {
+    parse_algo_table("allreduce:ring;bcast:chain;all_reduce:tree");
+    FAIL("a collective named twice was taken");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("all_reduce is named twice") != std::string::npos);
   }
 }
 
