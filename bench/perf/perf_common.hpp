@@ -735,11 +735,22 @@ struct setup {
   chorus::algo_table table;  ///< CHORUS_ALGO
 };
 
-inline void write_json(const std::string& path, const std::vector<result>& rows, const setup& su) {
+/// Why rank 0 cannot write the --json file `path`, or empty: tried before the sweep (opened to
+/// append, so nothing in it is lost yet), so that a path that cannot be written fails the run
+/// at its start, not after it has measured everything.
+inline std::string json_unwritable(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return cat({"--json ", path, " cannot be written: ", std::strerror(errno)});
+  std::fclose(f);
+  return {};
+}
+
+/// Writes the rows to `path`; false, having said why on stderr, where that failed.
+[[nodiscard]] inline bool write_json(const std::string& path, const std::vector<result>& rows, const setup& su) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     std::fprintf(stderr, "# cannot write %s: %s\n", path.c_str(), std::strerror(errno));
-    return;
+    return false;
   }
   const options& o = su.o;
   const std::string type(chorus::to_string(o.type));
@@ -778,7 +789,12 @@ inline void write_json(const std::string& path, const std::vector<result>& rows,
     std::fprintf(f, "}");
   }
   std::fprintf(f, "\n]\n");
-  std::fclose(f);
+  const bool written = std::ferror(f) == 0;
+  if (std::fclose(f) != 0 || !written) {
+    std::fprintf(stderr, "# writing %s failed: %s\n", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  return true;
 }
 
 /// The algorithm a call with `count` runs: -a's entry `requested`, else CHORUS_ALGO's entry,
@@ -856,7 +872,7 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
   if (c == collective::send_recv && n < 2) {
     if (rank == 0) {
       std::printf("# sendrecv needs 2 or more ranks (a rank cannot send to itself): no rows\n");
-      if (!o.json.empty()) write_json(o.json, {}, su);
+      if (!o.json.empty() && !write_json(o.json, {}, su)) return 1;
     }
     return 0;
   }
@@ -1120,7 +1136,7 @@ inline int run_sweep(const setup& su, chorus::communicator& comm) {
                   no_prediction.empty() ? "no prediction" : no_prediction.c_str());
     }
     std::fflush(stdout);
-    if (!o.json.empty()) write_json(o.json, results, su);
+    if (!o.json.empty() && !write_json(o.json, results, su)) return 1;
   }
   return total_wrong == 0 ? 0 : 1;
 }
@@ -1157,6 +1173,12 @@ inline int run(collective c, int argc, char** argv) {
   try {
     chorus::communicator comm = make_communicator();
     su.nranks = comm.size();
+    if (!su.o.json.empty()) {  // rank 0 writes it; every rank learns whether it can
+      const std::string why = comm.rank() == 0 ? json_unwritable(su.o.json) : std::string();
+      std::array<std::int32_t, 1> writable{why.empty() ? 1 : 0};
+      comm.broadcast(std::span<std::int32_t>(writable), 0);
+      if (writable[0] == 0) throw usage_error(comm.rank() == 0 ? why : "rank 0 cannot write --json " + su.o.json);
+    }
     return run_sweep(su, comm);
   } catch (const usage_error& e) {
     return usage_exit(speaks, name, e);  // a root outside the communicator
