@@ -27,9 +27,11 @@
 
 #include <malloc.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -346,8 +348,15 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 << 20);
   options o;
+  // --json is opened before the simulations, so that a file that cannot be written fails at
+  // once (a 16,384-rank sweep takes minutes), and written after them.
+  std::ofstream json_file;
   try {
     o = parse(argc, argv);
+    if (!o.json.empty()) {
+      json_file.open(o.json);
+      if (!json_file) throw usage_error("--json " + o.json + " cannot be written: " + std::strerror(errno));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus-sim: %s\n", e.what());
     return 2;
@@ -465,7 +474,12 @@ int main(int argc, char** argv) {
   }
   json += "]\n";
   if (!o.json.empty()) {
-    std::ofstream(o.json) << json;
+    json_file << json;
+    json_file.close();
+    if (!json_file) {
+      std::fprintf(stderr, "chorus-sim: writing --json %s failed\n", o.json.c_str());
+      return 1;
+    }
   }
   return 0;
 }
