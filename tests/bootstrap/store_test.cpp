@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chorus/bootstrap/detail/group_store.hpp>
 #include <chorus/bootstrap/detail/store_protocol.hpp>
@@ -20,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -80,11 +82,12 @@ bool contains(std::string_view haystack, std::string_view needle) {
 // Runs the expected error `code` through a call; in a child, returns 1 unless it is thrown
 // and its message contains every one of `parts`.
 int expect_error(const std::function<void()>& call, chorus::errc code,
-                 std::initializer_list<std::string> parts) {
+                 std::initializer_list<std::string> parts,
+                 const std::optional<std::vector<int>>& ranks = std::nullopt) {
   try {
     call();
   } catch (const chorus::error& e) {
-    bool ok = e.code() == code;
+    bool ok = e.code() == code && (!ranks || e.ranks() == *ranks);
     for (const auto& p : parts) ok = ok && contains(e.what(), p);
     if (!ok) {
       std::fprintf(stderr, "unexpected error (%s): %s\n",
@@ -540,6 +543,43 @@ TEST_CASE("a split group's rounds wait only for its members, and name a member t
     return failed;
   });
   for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
+TEST_CASE("a split group's store errors name its own ranks, in order, and no job rank outside it") {
+  // Job ranks 3, 1 and 2 form a group in that order (split's key), its ranks 0, 1 and 2; job
+  // rank 0, the store's host, is no member. Job ranks 3 and 1 leave: job rank 2's next round
+  // names its group's ranks 0 and 1, ascending. Then job rank 0 is killed: the store's lost
+  // connection names no rank of the group (its rank 0 is job rank 3, not the store's host).
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(4), [&](int r) {
+    auto job = std::make_shared<chorus::tcp_store>(
+        chorus::tcp_store::connect(rank_info(r, 4, port), {.timeout = 60s}));
+    if (r == 0) {
+      (void)job->get("checked");
+      ::raise(SIGKILL);
+    }
+    const std::vector<int> members = {3, 1, 2};
+    const int mine = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    chorus::detail::group_store group(job, std::make_shared<std::mutex>(), "g/", mine, members);
+    auto all = group.all_gather("addr", bytes("job rank " + std::to_string(r)));
+    CHILD_CHECK(all.size() == 3 && text(all[0]) == "job rank 3" && text(all[2]) == "job rank 2");
+    if (r != 2) return 0;
+    while (job->departed() != std::vector<int>({1, 3})) std::this_thread::sleep_for(5ms);
+    int failed = expect_error([&] { group.barrier("down"); }, chorus::errc::peer_failed,
+                              {"(in a split group: its ranks 0, 1)"}, std::vector<int>{0, 1});
+    job->set("checked", bytes("yes"));
+    failed += expect_error(
+        [&] {
+          while (true) {
+            group.set("after", bytes("x"));
+            std::this_thread::sleep_for(5ms);
+          }
+        },
+        chorus::errc::connection_lost, {"(in a split group: job rank 0 is not in it)"}, std::vector<int>{});
+    return failed;
+  });
+  CHECK(WIFSIGNALED(outcomes[0].status));
+  for (int r = 1; r < 4; ++r) check_exited_cleanly(outcomes[static_cast<std::size_t>(r)]);
 }
 
 TEST_CASE("when rank 0 is killed the other ranks fail with connection_lost at once") {

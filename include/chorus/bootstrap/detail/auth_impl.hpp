@@ -23,7 +23,7 @@ namespace chorus {
 namespace detail {
 
 [[noreturn]] inline void secret_error(const std::string& what) {
-  throw error(errc::invalid_argument, "chorus: " + what, {}, std::nullopt, "job_secret");
+  throw error(errc::invalid_argument, what, {}, std::nullopt, "job_secret");
 }
 
 /// The bytes of the secret file at `path`, checked as job_secret's contract says.
@@ -126,7 +126,7 @@ inline job_secret job_secret::from_bytes(std::span<const std::byte> bytes, std::
 inline std::string job_secret::generate_text() {
   unsigned char raw[32];
   if (RAND_bytes(raw, sizeof raw) != 1) {
-    throw error(errc::system, "chorus: RAND_bytes could not make a job secret", {}, std::nullopt,
+    throw error(errc::system, "RAND_bytes could not make a job secret", {}, std::nullopt,
                 "RAND_bytes");
   }
   static constexpr char digits[] = "0123456789abcdef";

@@ -34,11 +34,11 @@ class group_store final : public store {
 
   void set(std::string_view key, std::span<const std::byte> value) override {
     std::lock_guard lk(*lock_);
-    base_->set(prefix_ + std::string(key), value);
+    in_group_ranks([&] { base_->set(prefix_ + std::string(key), value); });
   }
   std::vector<std::byte> get(std::string_view key) override {
     std::lock_guard lk(*lock_);
-    return base_->get(prefix_ + std::string(key));
+    return in_group_ranks([&] { return base_->get(prefix_ + std::string(key)); });
   }
   std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
                                               std::span<const int> owners) override {
@@ -61,7 +61,7 @@ class group_store final : public store {
     std::vector<int> base_gone;
     {
       std::lock_guard lk(*lock_);
-      base_gone = base_->departed();
+      base_gone = in_group_ranks([&] { return base_->departed(); });
     }
     std::vector<int> gone;
     for (std::size_t r = 0; r < base_ranks_.size(); ++r) {
@@ -73,7 +73,7 @@ class group_store final : public store {
   }
   std::int64_t add(std::string_view key, std::int64_t delta) override {
     std::lock_guard lk(*lock_);
-    return base_->add(prefix_ + std::string(key), delta);
+    return in_group_ranks([&] { return base_->add(prefix_ + std::string(key), delta); });
   }
   std::vector<std::vector<std::byte>> all_gather(std::string_view key,
                                                  std::span<const std::byte> mine) override {
@@ -81,8 +81,10 @@ class group_store final : public store {
     std::vector<std::string> keys;
     for (int r = 0; r < size(); ++r) keys.push_back(round + "/" + std::to_string(r));
     std::lock_guard lk(*lock_);
-    base_->set(keys[static_cast<std::size_t>(rank_)], mine);
-    return in_group_ranks([&] { return base_->get_all(keys, base_ranks_); });
+    return in_group_ranks([&] {
+      base_->set(keys[static_cast<std::size_t>(rank_)], mine);
+      return base_->get_all(keys, base_ranks_);
+    });
   }
   void barrier(std::string_view key) override { (void)all_gather(key, {}); }
   int rank() const noexcept override { return rank_; }
@@ -95,22 +97,33 @@ class group_store final : public store {
     const std::string k(key);
     return prefix_ + k + "#" + std::to_string(rounds_[k]++);
   }
-  /// Runs a wait on the base store; an error naming base ranks is rethrown naming the
-  /// group's ranks too, as the communicator over this view numbers them.
-  template <class Wait>
-  auto in_group_ranks(Wait wait) -> decltype(wait()) {
+  /// Runs a call on the base store. Its errors name job ranks, and are rethrown naming the
+  /// group's, as the communicator over this view numbers them (error::ranks() is read as
+  /// ranks of the communicator, e.g. to declare them failed): a member by its rank in the
+  /// group, and a job rank outside it (rank 0, the store's host, when its connection is lost)
+  /// only in the text.
+  template <class Call>
+  auto in_group_ranks(Call call) -> decltype(call()) {
     try {
-      return wait();
+      return call();
     } catch (const error& e) {
       if (e.ranks().empty()) throw;
-      std::vector<int> mine;
+      std::vector<int> mine, outside;
       for (int b : e.ranks()) {
         auto at = std::find(base_ranks_.begin(), base_ranks_.end(), b);
-        if (at != base_ranks_.end()) mine.push_back(static_cast<int>(at - base_ranks_.begin()));
+        if (at != base_ranks_.end()) {
+          mine.push_back(static_cast<int>(at - base_ranks_.begin()));
+        } else {
+          outside.push_back(b);
+        }
       }
-      if (mine.size() != e.ranks().size()) throw;  // a base rank outside the group: as it is
-      std::string message = std::string(e.what()).substr(8) + " (in a split group: its " +
-                            store_ranks_text(mine) + ")";
+      std::sort(mine.begin(), mine.end());  // members are ordered by split's key, not job rank
+      std::string where = mine.empty() ? std::string() : "its " + store_ranks_text(mine);
+      if (!outside.empty()) {
+        where += (where.empty() ? "job " : "; job ") + store_ranks_text(outside) +
+                 (outside.size() == 1 ? " is" : " are") + " not in it";
+      }
+      std::string message = std::string(e.what()).substr(8) + " (in a split group: " + where + ")";
       throw error(e.code(), std::move(message), std::move(mine), std::nullopt,
                   e.call().empty() ? "store" : e.call());
     }

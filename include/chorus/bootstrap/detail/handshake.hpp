@@ -92,7 +92,7 @@ struct auth_hello {
 /// Fills `out` from OpenSSL's CSPRNG; errc::system when it cannot.
 inline void auth_random(std::span<std::byte> out) {
   if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1) {
-    throw error(errc::system, "chorus: RAND_bytes failed", {}, std::nullopt, "RAND_bytes");
+    throw error(errc::system, "RAND_bytes failed", {}, std::nullopt, "RAND_bytes");
   }
 }
 
@@ -151,7 +151,7 @@ inline auth_mac auth_hmac(std::span<const unsigned char> key, std::span<const un
            message.data(), message.size(), reinterpret_cast<unsigned char*>(out.data()),
            &length) == nullptr ||
       length != out.size()) {
-    throw error(errc::system, "chorus: HMAC-SHA256 failed", {}, std::nullopt, "HMAC");
+    throw error(errc::system, "HMAC-SHA256 failed", {}, std::nullopt, "HMAC");
   }
   return out;
 }

@@ -45,7 +45,7 @@ class tcp_cipher {
   /// `initiator`: whether this end opened the connection (it decides which key is whose).
   tcp_cipher(const auth_mac& session, bool initiator, int peer)
       : peer_(peer), seal_(EVP_CIPHER_CTX_new()), open_(EVP_CIPHER_CTX_new()) {
-    if (!seal_ || !open_) throw error(errc::system, "chorus: EVP_CIPHER_CTX_new failed");
+    if (!seal_ || !open_) throw error(errc::system, "EVP_CIPHER_CTX_new failed");
     // Direction keys: HMAC under the session key of a label naming the direction.
     auto key_for = [&](std::string_view label) {
       return auth_hmac({reinterpret_cast<const unsigned char*>(session.data()), session.size()},
@@ -119,7 +119,7 @@ class tcp_cipher {
     ok = ok && at == 4 + take &&
          EVP_CIPHER_CTX_ctrl(seal_.get(), EVP_CTRL_GCM_GET_TAG, tcp_record_tag,
                              out_.data() + at) == 1;
-    if (!ok) throw error(errc::system, "chorus: AES-GCM encryption failed", {peer_});
+    if (!ok) throw error(errc::system, "AES-GCM encryption failed", {peer_});
     out_sent_ = 0;
     drain(fd);  // a would-block here is fine: the bytes are taken, flush() comes back
     return static_cast<ssize_t>(take);
@@ -173,7 +173,7 @@ class tcp_cipher {
         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, 12, nullptr) == 1 &&
         EVP_CipherInit_ex(c, nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
                           nullptr, -1) == 1;
-    if (!ok) throw error(errc::system, "chorus: AES-256-GCM set-up failed", {peer_});
+    if (!ok) throw error(errc::system, "AES-256-GCM set-up failed", {peer_});
   }
 
   // Starts a record: the nonce is the sequence number, so it never repeats under one key.
@@ -181,7 +181,7 @@ class tcp_cipher {
     std::array<std::byte, 12> iv{};
     store_put_le(iv.data() + 4, seq, 8);
     if (EVP_CipherInit_ex(c, nullptr, nullptr, nullptr, as_uchar(iv.data()), -1) != 1) {
-      throw error(errc::system, "chorus: AES-GCM nonce set-up failed", {peer_});
+      throw error(errc::system, "AES-GCM nonce set-up failed", {peer_});
     }
   }
 
