@@ -2,12 +2,16 @@
 // The shared-memory transport: segments never outlive the job, dead and failed peers are
 // noticed, tiny rings still carry large operations.
 #include <dirent.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chorus/transport/shm.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -151,6 +155,52 @@ TEST_CASE("CHORUS_SHM_RING_BYTES must be a power of two, and CHORUS_SHM_SINGLE_C
       ::unsetenv(name);
     }
   }, {.env = shm_env});
+}
+
+TEST_CASE("a /dev/shm without room for the rings fails the ranks naming it, not with SIGBUS") {
+  // A child makes a mount namespace of its own with a 4 MiB /dev/shm (Docker's default is 64),
+  // and runs 4 ranks there whose rings take 2 MiB each way: the first pair of rings fills it.
+  // Each rank exits 3 where its error names /dev/shm, 4 where it failed otherwise (its peers
+  // learn of the failure from it), 5 where its all_reduce returned.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=4m") != 0) {
+      ::_exit(77);  // not allowed to mount here (no root)
+    }
+    auto env = shm_env;
+    env["CHORUS_SHM_RING_BYTES"] = std::to_string(2 << 20);
+    const auto status = chorus::test::run_processes(4, [](int) {
+      int code = 5;
+      try {
+        auto comm = communicator::from_env<auto_transport>();
+        std::vector<int> v(1 << 20, comm.rank());
+        comm.all_reduce(std::span(v), {.algorithm = algo::ring});
+      } catch (const error& e) {
+        const bool names = e.code() == errc::system && std::strstr(e.what(), "no room in /dev/shm") != nullptr;
+        std::fprintf(stderr, "%s\n", e.what());
+        code = names ? 3 : 4;
+      }
+      std::fflush(stderr);
+      ::_exit(code);
+    }, {.deadline = std::chrono::seconds(60), .env = env});
+    bool named = false, exited = true;
+    for (int st : status) {
+      exited = exited && WIFEXITED(st) && (WEXITSTATUS(st) == 3 || WEXITSTATUS(st) == 4);
+      named = named || (WIFEXITED(st) && WEXITSTATUS(st) == 3);
+    }
+    ::_exit(exited && named ? 0 : 1);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(holder, &st, 0) == holder);
+  REQUIRE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    MESSAGE("skipped: this process may not mount a tmpfs of its own (needs root)");
+    return;
+  }
+  CHECK_MESSAGE(WEXITSTATUS(st) == 0, "a rank was killed, or none named /dev/shm (their errors are above)");
 }
 
 TEST_CASE("large rings and 2 MiB slices at 8 ranks on 2 cores give exact results") {

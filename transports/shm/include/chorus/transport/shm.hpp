@@ -224,9 +224,15 @@ class shm_transport {
   /// unallocated. We write only the ring we produce into (nobody else writes it, and its
   /// reader reads only bytes behind our head); the ring we read is only read.
   void populate(peer_link& p) {
-    p.populated = true;
     const auto i = static_cast<std::size_t>(my_index_);
     const auto j = static_cast<std::size_t>(index_of_[static_cast<std::size_t>(p.rank)]);
+    // Their pages first (shm_segment::reserve): a /dev/shm without room for them is an error
+    // naming it, where touching them would be SIGBUS.
+    const std::string pair = "the rings between ranks " + std::to_string(std::min(rank_, p.rank)) + " and " +
+                             std::to_string(std::max(rank_, p.rank));
+    seg_->reserve(seg_->ring_offset(i, j), opts_.ring_bytes, pair);
+    seg_->reserve(seg_->ring_offset(j, i), opts_.ring_bytes, pair);
+    p.populated = true;
     auto* out = reinterpret_cast<volatile unsigned char*>(seg_->ring_data(i, j));
     auto* in = reinterpret_cast<volatile const unsigned char*>(seg_->ring_data(j, i));
     unsigned sink = 0;

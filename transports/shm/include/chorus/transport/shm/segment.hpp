@@ -132,12 +132,14 @@ class shm_segment {
  public:
   shm_segment() = default;
   shm_segment(shm_segment&& o) noexcept
-      : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), layout_(o.layout_) {}
+      : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+        fd_(std::exchange(o.fd_, -1)), layout_(o.layout_) {}
   shm_segment& operator=(shm_segment&& o) noexcept {
     if (this != &o) {
       unmap();
       base_ = std::exchange(o.base_, nullptr);
       bytes_ = std::exchange(o.bytes_, 0);
+      fd_ = std::exchange(o.fd_, -1);
       layout_ = o.layout_;
     }
     return *this;
@@ -169,6 +171,12 @@ class shm_segment {
                       err);
     }
     shm_segment s = map(fd, name, layout);
+    try {
+      s.reserve(0, layout.data_offset(), "the segment's header");
+    } catch (...) {
+      ::shm_unlink(name.c_str());
+      throw;
+    }
     auto* h = new (s.base_) shm_header{};
     h->members = static_cast<std::uint32_t>(layout.members);
     h->ring_bytes = layout.ring_bytes;
@@ -214,31 +222,58 @@ class shm_segment {
     return *reinterpret_cast<shm_ring_ctl*>(base_ + layout_.ring_ctl_offset() +
                                             (from * layout_.members + to) * sizeof(shm_ring_ctl));
   }
-  std::byte* ring_data(std::size_t from, std::size_t to) const {
-    return base_ + layout_.data_offset() + (from * layout_.members + to) * layout_.ring_bytes;
+  std::byte* ring_data(std::size_t from, std::size_t to) const { return base_ + ring_offset(from, to); }
+  /// Where the ring from member `from` to member `to` starts in the segment.
+  std::size_t ring_offset(std::size_t from, std::size_t to) const {
+    return layout_.data_offset() + (from * layout_.members + to) * layout_.ring_bytes;
   }
   const shm_layout& layout() const { return layout_; }
   std::uint64_t salt() const { return reinterpret_cast<const shm_header*>(base_)->salt; }
 
+  /// Allocates the segment's pages in [offset, offset + bytes) now, for `what`. tmpfs gives a
+  /// segment its pages as they are first touched, and a page it has no room for kills the
+  /// process touching it with SIGBUS, with no word said: a /dev/shm too small for the rings
+  /// (Docker's default is 64 MiB) killed every rank in its first collective. Here that is an
+  /// error naming /dev/shm. A file system that cannot allocate ahead is left as it was.
+  void reserve(std::size_t offset, std::size_t bytes, const std::string& what) const {
+    int err = 0;
+    do {
+      err = ::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+    } while (err == EINTR);
+    if (err == 0 || err == EOPNOTSUPP) return;
+    throw error(errc::system,
+                "shared memory: no room in /dev/shm for " + what + " (" + std::to_string(bytes >> 10) +
+                    " KiB more): " + std::strerror(err) +
+                    "; give /dev/shm more room (e.g. docker run --shm-size=1g), lower "
+                    "CHORUS_SHM_RING_BYTES, or use CHORUS_TRANSPORT=tcp",
+                {}, std::nullopt, "fallocate");
+  }
+
  private:
   static shm_segment map(int fd, const std::string& name, shm_layout layout) {
     void* p = ::mmap(nullptr, layout.total(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int err = errno;
-    ::close(fd);  // the mapping keeps the memory; the descriptor is not needed
-    if (p == MAP_FAILED) throw sys_error("mmap(" + name + ")", err);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      throw sys_error("mmap(" + name + ")", err);
+    }
     shm_segment s;
     s.base_ = static_cast<std::byte*>(p);
     s.bytes_ = layout.total();
+    s.fd_ = fd;  // kept for reserve(); the mapping alone would keep the memory
     s.layout_ = layout;
     return s;
   }
   void unmap() noexcept {
     if (base_ != nullptr) ::munmap(base_, bytes_);
     base_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
 
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
+  int fd_ = -1;
   shm_layout layout_{};
 };
 
