@@ -2,8 +2,10 @@
 // The shared-memory transport: segments never outlive the job, dead and failed peers are
 // noticed, tiny rings still carry large operations.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -155,6 +157,35 @@ TEST_CASE("CHORUS_SHM_RING_BYTES must be a power of two, and CHORUS_SHM_SINGLE_C
       ::unsetenv(name);
     }
   }, {.env = shm_env});
+}
+
+TEST_CASE("only segments of our own pid namespace whose creator is gone are removed as stale") {
+  // A pid that names no process now: a child's, once reaped.
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+  const std::uint64_t ns = detail::pid_namespace_id();
+  REQUIRE(ns != 0);
+  auto make = [](const std::string& name) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  };
+  const std::string pid = std::to_string(gone);
+  const std::string ours = "/chorus-" + pid + "-ns" + std::to_string(ns) + "-test-stale";
+  const std::string theirs = "/chorus-" + pid + "-ns" + std::to_string(ns + 1) + "-test-live";
+  const std::string live = "/chorus-" + std::to_string(::getpid()) + "-ns" + std::to_string(ns) + "-test-live";
+  for (const auto& n : {ours, theirs, live}) make(n);
+  detail::remove_stale_segments(ns);
+  const auto left = chorus_segments();
+  CHECK(left.count(ours.substr(1)) == 0);    // its creator is gone
+  CHECK(left.count(theirs.substr(1)) == 1);  // another namespace's pid says nothing here
+  CHECK(left.count(live.substr(1)) == 1);    // its creator lives
+  detail::remove_stale_segments(0);          // an unknown namespace judges none
+  CHECK(chorus_segments().count(theirs.substr(1)) == 1);
+  for (const auto& n : {ours, theirs, live}) ::shm_unlink(n.c_str());
+  CHECK_FALSE(detail::same_pid_namespace(0, 0));
+  CHECK(detail::same_pid_namespace(ns, ns));
 }
 
 TEST_CASE("a /dev/shm without room for the rings fails the ranks naming it, not with SIGBUS") {

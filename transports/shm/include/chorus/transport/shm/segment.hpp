@@ -120,11 +120,17 @@ inline std::uint64_t shm_probe_word(std::uint64_t salt, std::size_t member) {
   return salt ^ (0x9e3779b97f4a7c15ull * (member + 1));
 }
 
-/// The inode of this process's pid namespace; two ranks may compare pids only when equal.
+/// The inode of this process's pid namespace (0: unknown, no /proc); two processes may
+/// compare pids only in one namespace (same_pid_namespace).
 inline std::uint64_t pid_namespace_id() {
   struct stat st{};
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
 }
+
+/// Whether pid namespaces `a` and `b` (pid_namespace_id) are known to be one: two processes
+/// that cannot tell theirs are taken to be in different ones, since a pid of another
+/// namespace names some other process, or none (a live peer then looked dead).
+inline bool same_pid_namespace(std::uint64_t a, std::uint64_t b) { return a != 0 && a == b; }
 
 /// A mapped segment. The name is unlinked as soon as every member has attached (see
 /// shm_transport::connect), so a segment outlives no process, however they end.
@@ -148,14 +154,15 @@ class shm_segment {
   shm_segment& operator=(const shm_segment&) = delete;
   ~shm_segment() { unmap(); }
 
-  /// A fresh, unique name for a segment created by this process: "/chorus-<pid>-<random>".
-  /// The pid lets a later job remove what a crashed one left (remove_stale_segments).
-  static std::string unique_name() {
+  /// A fresh, unique name for a segment created by this process, in pid namespace `ns`:
+  /// "/chorus-<pid>-ns<ns>-<random>". The pid and its namespace let a later job remove what a
+  /// crashed one left (remove_stale_segments).
+  static std::string unique_name(std::uint64_t ns) {
     std::random_device rd;
     const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "/chorus-%d-%016llx", static_cast<int>(::getpid()),
-                  static_cast<unsigned long long>(r));
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "/chorus-%d-ns%llu-%016llx", static_cast<int>(::getpid()),
+                  static_cast<unsigned long long>(ns), static_cast<unsigned long long>(r));
     return buf;
   }
 
@@ -277,16 +284,22 @@ class shm_segment {
   shm_layout layout_{};
 };
 
-/// Removes /dev/shm/chorus-<pid>-* segments whose creating process no longer exists: a job
-/// killed between creating its segment and unlinking it (a few milliseconds of set-up)
-/// leaves one behind, and the next job on the node cleans it up.
-inline void remove_stale_segments() noexcept {
+/// Removes /dev/shm/chorus-<pid>-ns<ns>-* segments whose creating process no longer exists:
+/// a job killed between creating its segment and unlinking it (a few milliseconds of set-up,
+/// or as long as its ranks take to arrive) leaves one behind, and the next job on the node
+/// cleans it up. Only segments made in our pid namespace `ns` are judged: containers that
+/// share /dev/shm but not pids (a Kubernetes pod's) see each other's creators as gone, and
+/// removed live jobs' segments before their ranks had attached.
+inline void remove_stale_segments(std::uint64_t ns) noexcept {
+  if (ns == 0) return;
   DIR* d = ::opendir("/dev/shm");
   if (d == nullptr) return;
   while (const dirent* e = ::readdir(d)) {
     int pid = 0;
+    unsigned long long theirs = 0;
     char rest[64];
-    if (std::sscanf(e->d_name, "chorus-%d-%63s", &pid, rest) != 2 || pid <= 0) continue;
+    if (std::sscanf(e->d_name, "chorus-%d-ns%llu-%63s", &pid, &theirs, rest) != 3 || pid <= 0) continue;
+    if (theirs != ns) continue;
     if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(("/" + std::string(e->d_name)).c_str());
   }
   ::closedir(d);

@@ -72,8 +72,8 @@ inline shm_transport shm_transport::connect(store& store, const launch_info& inf
     // 1. The node's first rank creates the segment and publishes its name.
     if (!alone) {
       if (creator) {
-        remove_stale_segments();
-        name = shm_segment::unique_name();
+        remove_stale_segments(my_ns);
+        name = shm_segment::unique_name(my_ns);
         t.seg_ = std::make_unique<shm_segment>(shm_segment::create(name, layout));
         store.set(key, std::as_bytes(std::span<const char>(name.data(), name.size())));
       } else {
@@ -106,7 +106,7 @@ inline shm_transport shm_transport::connect(store& store, const launch_info& inf
     for (std::size_t j = 0; j < t.local_.size(); ++j) {
       if (static_cast<int>(j) == t.my_index_) continue;
       const shm_member& peer = t.seg_->member(j);
-      if (peer.pid_ns != my_ns) continue;
+      if (!same_pid_namespace(peer.pid_ns, my_ns)) continue;
       if (shm_can_read(peer.pid.load(std::memory_order_acquire), peer.probe_at,
                        shm_probe_word(t.seg_->salt(), j))) {
         t.seg_->ring_ctl(j, static_cast<std::size_t>(t.my_index_)).can_pull.store(1, std::memory_order_release);
@@ -124,7 +124,7 @@ inline shm_transport shm_transport::connect(store& store, const launch_info& inf
     const int peer_rank = t.local_[j];
     // Pids mean the same process only inside one pid namespace; elsewhere we rely on the
     // peer's abort flag and the operation timeout, and read nothing in place.
-    const int pid = peer.pid_ns == my_ns ? peer.pid.load(std::memory_order_acquire) : 0;
+    const int pid = same_pid_namespace(peer.pid_ns, my_ns) ? peer.pid.load(std::memory_order_acquire) : 0;
     const bool pulls = opts.single_copy && t.seg_->ring_ctl(i, j).can_pull.load(std::memory_order_acquire) != 0;
     t.slot_of_[static_cast<std::size_t>(peer_rank)] = t.peers_.size();
     peer_link p{peer_rank,
