@@ -740,13 +740,30 @@ TEST_CASE("a get_many key list that names a key twice is refused, so a reply can
   const std::vector<std::string> distinct = {"a", "b", "ab"};
   const std::vector<std::string> repeated = {"a", "b", "a"};
   const std::vector<std::uint32_t> owners = {2, store_any_owner, 0};
-  const auto list = store_decode_keys(store_encode_keys(distinct, owners));
+  std::string why;
+  const auto list = store_decode_keys(store_encode_keys(distinct, owners), 3, why);
   REQUIRE(list);
   CHECK(list->keys == distinct);
   CHECK(list->owners == owners);
-  CHECK(store_decode_keys(store_encode_keys(distinct))->owners ==
+  CHECK(store_decode_keys(store_encode_keys(distinct), 3, why)->owners ==
         std::vector<std::uint32_t>(3, store_any_owner));
-  CHECK(!store_decode_keys(store_encode_keys(repeated)));
+  CHECK(!store_decode_keys(store_encode_keys(repeated), 3, why));
+  CHECK(why == "key 'a' named twice");
+  // More keys than one wait may hold (chorus::detail::store_max_wait_keys) are refused too.
+  CHECK(!store_decode_keys(store_encode_keys(distinct), 2, why));
+  CHECK(why == "3 keys (at most 2 in one wait)");
+}
+
+TEST_CASE("a wait for more keys than a round's, and 65,536, is refused before anything is sent") {
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 5s});
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i <= std::size_t{1} << 16; ++i) keys.push_back("k" + std::to_string(i));
+  const std::vector<int> owners(keys.size(), -1);
+  CHECK_THROWS_WITH_AS((void)store.get_all(keys, owners),
+                       "chorus: store get_all of 'k0' and 65536 more: 65537 keys, at most 65536 in one wait",
+                       chorus::error);
+  store.set("a", bytes("1"));
+  CHECK(text(store.get("a")) == "1");  // still usable: nothing was sent
 }
 
 TEST_CASE("a get of a key nobody sets times out naming the key and the store's address") {

@@ -58,8 +58,12 @@ void request_header(std::span<const std::byte> in) {
 }
 
 void key_list(std::span<const std::byte> in) {
-  const auto list = store_decode_keys(in);
-  if (!list) return;
+  std::string why;
+  const auto list = store_decode_keys(in, std::size_t{1} << 16, why);
+  if (!list) {
+    if (why.empty()) fail("a key list was refused without a reason");
+    return;
+  }
   if (list->owners.size() != list->keys.size()) fail("a key list without an owner per key");
   for (const auto& k : list->keys) {
     if (k.empty() || k.size() > max_store_key) fail("a key list with a bad key was accepted");

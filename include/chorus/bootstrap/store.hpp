@@ -108,8 +108,9 @@ class store {
 ///  4. The server rejects a second connection claiming a connected rank, and a rank that
 ///     disagrees on the world size (errc::bootstrap on that client), because either means two
 ///     jobs or a misconfigured launcher, which would otherwise corrupt the rendezvous.
-///  5. Keys are 1..4096 bytes, values at most 64 MiB; larger ones throw errc::invalid_argument
-///     before anything is sent. Keys beginning with "__chorus/" are the store's own.
+///  5. Keys are 1..4096 bytes, values at most 64 MiB, and one get_all waits for at most
+///     max(size, 65,536) keys; beyond these, errc::invalid_argument is thrown before anything
+///     is sent. Keys beginning with "__chorus/" are the store's own.
 ///  6. all_gather and barrier may be called repeatedly with the same key: each call is a new
 ///     round, provided every rank makes the same sequence of calls.
 ///  7. Calls are synchronous and not thread-safe: one thread uses a store at a time. After a

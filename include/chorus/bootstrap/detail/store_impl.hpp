@@ -234,6 +234,12 @@ struct tcp_store::state {
                                                std::string_view what,
                                                std::vector<std::size_t>& missing, bool& left) {
     using namespace detail;
+    if (const std::size_t most = store_max_wait_keys(static_cast<std::size_t>(info.size)); keys.size() > most) {
+      fail(errc::invalid_argument,
+           "store " + std::string(what) + ": " + std::to_string(keys.size()) + " keys, at most " +
+               std::to_string(most) + " in one wait",
+           what);
+    }
     auto list = store_encode_keys(keys, owners);
     if (list.size() > max_store_value) {
       fail(errc::invalid_argument,

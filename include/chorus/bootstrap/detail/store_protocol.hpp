@@ -44,6 +44,13 @@ namespace chorus::detail {
 inline constexpr std::size_t store_header_bytes = 24;
 inline constexpr std::size_t max_store_key = 4096;
 inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
+
+/// The most keys one get_many waits for in a world of `world` ranks: a round's (one key per
+/// rank), and at least 65,536. The server keeps a wait's keys as strings while it waits; 6.1 M
+/// keys of 3 bytes in one 64 MiB list took it about 350 MB and 9 s, serving nobody else.
+inline std::size_t store_max_wait_keys(std::size_t world) {
+  return std::max<std::size_t>(world, std::size_t{1} << 16);
+}
 inline constexpr std::size_t max_store_error_text = 65536;
 inline constexpr std::uint32_t store_magic = 0x53524843;  // "CHRS" as little-endian bytes
 inline constexpr std::uint32_t store_version = 2;  // 2: get_many keys name their owners
@@ -203,29 +210,43 @@ inline std::vector<std::byte> store_encode_keys(std::span<const std::string> key
   return out;
 }
 
-/// Decodes a get_many key list; nullopt unless every length is in bounds, the list fills the
-/// buffer exactly and no key appears twice. Owners are not checked against the world size
-/// here: the server, which knows it, does that.
-inline std::optional<store_wait_list> store_decode_keys(std::span<const std::byte> in) {
-  if (in.size() < 4) return std::nullopt;
+/// Decodes a get_many key list of at most `max_keys` keys; nullopt, with `why` saying what
+/// was wrong, unless every length is in bounds, the list fills the buffer exactly and no key
+/// appears twice. Owners are not checked against the world size here: the server, which
+/// knows it, does that.
+inline std::optional<store_wait_list> store_decode_keys(std::span<const std::byte> in, std::size_t max_keys,
+                                                        std::string& why) {
+  auto bad = [&](std::string text) {
+    why = std::move(text);
+    return std::nullopt;
+  };
+  if (in.size() < 4) return bad("a list of " + std::to_string(in.size()) + " bytes");
   std::uint64_t n = store_get_le(in.data(), 4);
   std::size_t at = 4;
   // Each key takes at least 9 bytes, so a count larger than that allows is a lie.
-  if (n == 0 || n > (in.size() - 4) / 9) return std::nullopt;
+  if (n == 0 || n > (in.size() - 4) / 9) {
+    return bad(std::to_string(n) + " keys in a list of " + std::to_string(in.size()) + " bytes");
+  }
+  if (n > max_keys) return bad(std::to_string(n) + " keys (at most " + std::to_string(max_keys) + " in one wait)");
   store_wait_list list;
   list.keys.reserve(static_cast<std::size_t>(n));
   list.owners.reserve(static_cast<std::size_t>(n));
   for (std::uint64_t i = 0; i < n; ++i) {
-    if (in.size() - at < 8) return std::nullopt;
+    if (in.size() - at < 8) return bad("key " + std::to_string(i) + " past the list's end");
     list.owners.push_back(static_cast<std::uint32_t>(store_get_le(in.data() + at, 4)));
     auto len = static_cast<std::size_t>(store_get_le(in.data() + at + 4, 4));
     at += 8;
-    if (len == 0 || len > max_store_key || in.size() - at < len) return std::nullopt;
+    if (len == 0 || len > max_store_key || in.size() - at < len) {
+      return bad("key " + std::to_string(i) + " of " + std::to_string(len) + " bytes (1 to " +
+                 std::to_string(max_store_key) + ", within the list)");
+    }
     list.keys.emplace_back(reinterpret_cast<const char*>(in.data() + at), len);
     at += len;
   }
-  if (at != in.size()) return std::nullopt;
-  if (store_key_named_twice(std::span<const std::string>(list.keys))) return std::nullopt;
+  if (at != in.size()) return bad(std::to_string(in.size() - at) + " bytes after the last key");
+  if (auto twice = store_key_named_twice(std::span<const std::string>(list.keys))) {
+    return bad("key '" + std::string(twice->substr(0, 64)) + "' named twice");
+  }
   return list;
 }
 

@@ -433,8 +433,9 @@ class store_server {
         return;
       }
       case store_op::get_many: {
-        auto list = store_decode_keys(value);
-        if (!list) return drop(c, "malformed get_many key list");
+        std::string why;
+        auto list = store_decode_keys(value, store_max_wait_keys(static_cast<std::size_t>(world_size_)), why);
+        if (!list) return drop(c, "malformed get_many key list: " + why);
         for (auto owner : list->owners) {
           if (owner != store_any_owner && owner >= static_cast<std::uint32_t>(world_size_)) {
             return drop(c, "get_many names owner rank " + std::to_string(owner) +
