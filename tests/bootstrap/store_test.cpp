@@ -566,7 +566,9 @@ TEST_CASE("a split group's store errors name its own ranks, in order, and no job
     if (r != 2) return 0;
     while (job->departed() != std::vector<int>({1, 3})) std::this_thread::sleep_for(5ms);
     int failed = expect_error([&] { group.barrier("down"); }, chorus::errc::peer_failed,
-                              {"(in a split group: its ranks 0, 1)"}, std::vector<int>{0, 1});
+                              {"ranks 1, 3 have left the store without taking part (exited, failed, or "
+                               "closed their store) (in a split group: its ranks 0, 1)"},
+                              std::vector<int>{0, 1});
     job->set("checked", bytes("yes"));
     failed += expect_error(
         [&] {

@@ -295,7 +295,8 @@ struct tcp_store::state {
       fail(errc::peer_failed,
            what + " at " + address + ": " + store_ranks_text(ranks) +
                (ranks.size() == 1 ? " has" : " have") +
-               " left the store without taking part (exited, failed, or closed its store)",
+               " left the store without taking part (exited, failed, or closed " +
+               (ranks.size() == 1 ? "its" : "their") + " store)",
            call_name, ranks);
     }
     std::string absent = ranks.empty() ? "" : store_ranks_text(ranks) + " never arrived";

@@ -63,10 +63,10 @@ inline void fail_if_departed(store& st, const launch_info& info, const std::vect
     if (r != info.rank && wanted[static_cast<std::size_t>(r)]) gone.push_back(r);
   }
   if (gone.empty()) return;
+  const bool one = gone.size() == 1;
   std::string message = "rank " + std::to_string(info.rank) + ": " + store_ranks_text(gone) +
-                        (gone.size() == 1 ? " has" : " have") +
-                        " left the job during tcp set-up (exited, failed, or closed its store); "
-                        "its connections will never come";
+                        (one ? " has" : " have") + " left the job during tcp set-up (exited, failed, or closed " +
+                        (one ? "its store); its" : "their stores); their") + " connections will never come";
   throw error(errc::peer_failed, std::move(message), std::move(gone), std::nullopt, "connect");
 }
 
