@@ -185,6 +185,23 @@ TEST_CASE("a rank that leaves after publishing its tcp address ends the others' 
   }
 }
 
+TEST_CASE("a heartbeat that cannot be set up fails the communicator's creation with an error, not a crash") {
+  // Over shared memory the heartbeat is the first to bind an interface; with one that does
+  // not exist its set-up throws, and the heartbeat it leaves half made must not say goodbye
+  // to peers it never met (that read addresses it did not have: SIGSEGV in every rank).
+  run_processes(
+      2,
+      [](int) {
+        try {
+          (void)communicator::from_env<auto_transport>();
+          RANK_CHECK(false);
+        } catch (const error& e) {
+          RANK_CHECK(std::string(e.what()).find("CHORUS_SOCKET_IFNAME='no-such-if0'") != std::string::npos);
+        }
+      },
+      {.env = {{"CHORUS_TRANSPORT", "shm"}, {"CHORUS_SOCKET_IFNAME", "no-such-if0"}}});
+}
+
 TEST_CASE("a SIGSTOPped rank, at a random point: its peers' operations fail by the heartbeat timeout, naming it") {
   // Rank 0 (the store's host) first, then random ranks; half as many trials as SIGKILL's,
   // since each waits out the timeout.

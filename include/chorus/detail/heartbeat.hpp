@@ -164,7 +164,11 @@ class heartbeat {
     stop_.store(true, std::memory_order_release);
     poke();
     if (thread_.joinable()) thread_.join();
-    send_beats(beat_leaving, all_peers());
+    // Goodbye only where the peers' addresses are known: start() destroys a heartbeat whose
+    // bind() or meet() threw (no such interface, a peer gone during the round) before it has
+    // them, and sending to addresses it did not have crashed the rank (SIGSEGV) instead of
+    // letting the error reach the caller.
+    if (addrs_.size() == static_cast<std::size_t>(size_)) send_beats(beat_leaving, all_peers());
   }
 
   std::shared_ptr<const failure_set> failures() const { return failed_; }
