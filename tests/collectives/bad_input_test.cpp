@@ -365,6 +365,14 @@ TEST_CASE("all_to_allv counts of the wrong length, or that disagree with the buf
     // A count list whose sum overflows.
     const std::vector<std::size_t> huge{std::numeric_limits<std::size_t>::max() / 2, std::numeric_limits<std::size_t>::max() / 2, 2};
     RANK_CHECK_THROWS_CODE(comm.all_to_allv(in.data(), v(huge), out.data(), v(huge), dtype::float32), errc::invalid_argument);
+    // Of one-byte elements too, with either buffer first: the sum saturates at SIZE_MAX bytes,
+    // which once passed for them, and broke the communicator in the executor.
+    std::vector<std::uint8_t> bytes(64);
+    std::vector<std::size_t> wrapping(3, std::size_t{1} << 63);
+    wrapping[me] = 1;
+    for (auto [a, b] : {std::pair{bytes.data(), bytes.data() + 32}, std::pair{bytes.data() + 32, bytes.data()}}) {
+      RANK_CHECK_REFUSED_NAMING(comm.all_to_allv(a, v(wrapping), b, v(wrapping), dtype::uint8), "the counts overflow the buffer size");
+    }
     still_works(comm);
   });
 }

@@ -137,6 +137,9 @@ inline void validate(const char* call, const op_desc& d, int rank, int size) {
     if (d.tag < 0) bad("tag " + std::to_string(d.tag) + " is negative");
   }
   const std::size_t es = size_of(d.type);
+  // No buffer holds more than PTRDIFF_MAX bytes. (Against SIZE_MAX, a count list that
+  // overflowed, summed to SIZE_MAX by sum_counts, passed for one-byte types.)
+  constexpr auto most_bytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
   if (d.kind == collective::all_to_allv) {
     if (d.send_counts.size() != n || d.recv_counts.size() != n) {
       bad("needs one send and one receive count per rank (" + std::to_string(n) + "), not " +
@@ -148,9 +151,9 @@ inline void validate(const char* call, const op_desc& d, int rank, int size) {
           std::to_string(d.recv_counts[me]));
     }
     for (const auto* c : {&d.send_counts, &d.recv_counts}) {
-      if (sum_counts(*c) > std::numeric_limits<std::size_t>::max() / es) bad("the counts overflow the buffer size");
+      if (sum_counts(*c) > most_bytes / es) bad("the counts overflow the buffer size");
     }
-  } else if (d.count > std::numeric_limits<std::size_t>::max() / es / n) {
+  } else if (d.count > most_bytes / es / n) {
     bad("count " + std::to_string(d.count) + " overflows the buffer size");
   }
   const buffer_sizes sz = buffer_sizes_of(d, rank, size);
