@@ -348,6 +348,39 @@ TEST_CASE("abort() on an idle communicator: later calls fail, the peers' too") {
   });
 }
 
+TEST_CASE("a grouped call or sendrecv on a failed communicator names its own first operation") {
+  // Groups have no number or kind of their own: failing, they once named an "op 0
+  // (all_reduce)" nobody made.
+  run_ranks(2, [](communicator& comm) {
+    std::vector<float> v(8, 1.0f), w(8);
+    comm.barrier();
+    if (comm.rank() == 1) return;
+    comm.abort("rank 0 stops");
+    auto names_sendrecv = [](const error& e) {
+      const std::string what = e.what();
+      RANK_CHECK(e.call() == "send_recv");
+      RANK_CHECK(what.find("send_recv") != std::string::npos);
+      RANK_CHECK(what.find("all_reduce") == std::string::npos);
+    };
+    try {
+      comm.sendrecv(std::span<const float>(v), 1, std::span(w), 1);
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      names_sendrecv(e);
+    }
+    comm.group_start();
+    auto s = comm.send_async(std::span<const float>(v), 1);
+    auto r = comm.recv_async(std::span(w), 1);
+    auto g = comm.group_end();
+    try {
+      g.wait();
+      RANK_CHECK(false);
+    } catch (const error& e) {
+      names_sendrecv(e);
+    }
+  });
+}
+
 /// This process's mappings of chorus shared-memory segments (/proc/self/maps lines naming
 /// /dev/shm/chorus-*; unlinked segments still show there, marked "(deleted)").
 int shm_mappings() {

@@ -137,9 +137,12 @@ struct communicator::impl final : detail::op_runner {
     const std::size_t tickets = d.is_group ? d.members.size() : 1;
     if (!running) flight.started(d.flight, tickets);
     try {
-      if (broken) fail_broken(d);
+      // A group (grouped calls, sendrecv) is named by its first member: it has no number or
+      // kind of its own (its descriptor's defaults named an "op 0 (all_reduce)" never made).
+      const detail::op_desc& named = d.is_group && !d.members.empty() ? d.members.front() : d;
+      if (broken) fail_broken(named);
       if (watch.alarm()) {
-        if (auto e = watch.verdict(d.seq, d.kind)) throw *e;
+        if (auto e = watch.verdict(named.seq, named.kind)) throw *e;
       }
       run(d);
       flight.ended(d.flight, tickets, {});
