@@ -441,6 +441,45 @@ TEST_CASE("sealed frames of every size arrive whole, in order, across record bou
   }
 }
 
+TEST_CASE("a sealed send is done only once all of its records are with the kernel") {
+  // Once a send is done its rank may stop calling on the connection (its collective is over),
+  // so the receiver must then get every byte without the sender's help. A record sealed but
+  // not all written (the socket full) once counted as done, and its tail waited for the
+  // sender's next call. Over a socketpair of small buffers, many sizes.
+  for (std::size_t count : {std::size_t{4096}, std::size_t{65536 + 3}, std::size_t{300000}, std::size_t{1} << 20}) {
+    CAPTURE(count);
+    sealed_pair p;
+    for (int fd : {p.a->fd(), p.b_fd}) {
+      const int small = 16384;
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    }
+    std::vector<float> in(count), out;
+    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 977);
+    transfer x;
+    x.header = detail::make_header(fingerprint(count), 0, 0, static_cast<std::uint32_t>(count * 4));
+    x.data = reinterpret_cast<std::byte*>(in.data());
+    x.length = count * 4;
+    transfer y = float_recv(out, count);
+    p.a->post_send(&x);
+    p.b->post_recv(&y);
+    for (int i = 0; i < 1000000 && !x.done; ++i) {  // the sender works until its send is done
+      p.a->writable = true;
+      p.a->flush();
+      p.b->readable = true;
+      p.b->pump();
+    }
+    REQUIRE(x.done);
+    CHECK_FALSE(p.a->busy());
+    for (int i = 0; i < 100000 && !y.done; ++i) {  // then only the receiver
+      p.b->readable = true;
+      p.b->pump();
+    }
+    CHECK(y.done);
+    CHECK(out == in);
+  }
+}
+
 TEST_CASE("a sealed stream read with the wrong key fails authentication before any payload lands") {
   sealed_pair p(2);  // b's key differs
   std::vector<float> in(16, 3.0f), out;

@@ -46,7 +46,9 @@ class tcp_connection {
 
   int fd() const { return fd_.get(); }
   int peer() const { return peer_; }
-  bool busy() const { return !txq_.empty() || !rxq_.empty() || (cipher_ && cipher_->pending()); }
+  bool busy() const {
+    return !txq_.empty() || !sealed_.empty() || !rxq_.empty() || (cipher_ && cipher_->pending());
+  }
   /// Worth calling pump(): the socket may have bytes, or buffered bytes may answer a receive.
   bool wants_pump() const {
     return readable || (cipher_ && cipher_->buffered()) || (!rxq_.empty() && rx_end_ > rx_begin_);
@@ -83,6 +85,7 @@ class tcp_connection {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) fail_send(errno);
       writable = false;
     }
+    moved |= complete_sealed();
     while (!txq_.empty() && writable) {
       iovec iov[64];
       int n = 0;
@@ -120,15 +123,31 @@ class tcp_connection {
         if (left >= total) {
           left -= total;
           tx_off_ = 0;
-          x->done = true;
+          if (cipher_) {
+            sealed_.push_back(x);  // done once its record has left (complete_sealed)
+          } else {
+            x->done = true;
+          }
           txq_.pop_front();
         } else {
           tx_off_ += left;
           left = 0;
         }
       }
+      complete_sealed();
     }
     return moved;
+  }
+
+  /// Frames the cipher has sealed are done only once all of their ciphertext is with the
+  /// kernel: done as soon as it was sealed, a send whose record had not all fit in the socket
+  /// left its tail here until this rank's next call on the connection (and lost it if the
+  /// process ended first), while the peer waited for it. Returns whether any completed.
+  bool complete_sealed() {
+    if (sealed_.empty() || (cipher_ && cipher_->pending())) return false;
+    for (transfer* x : sealed_) x->done = true;
+    sealed_.clear();
+    return true;
   }
 
   /// Reads whatever has arrived and completes posted receives. Also reads when nothing is
@@ -198,6 +217,7 @@ class tcp_connection {
     } catch (...) {
     }
     txq_.clear();
+    sealed_.clear();
   }
 
  private:
@@ -364,6 +384,7 @@ class tcp_connection {
   std::unique_ptr<tcp_cipher> cipher_;
 
   std::deque<transfer*> txq_;
+  std::vector<transfer*> sealed_;  // taken whole by the cipher, their record not all sent
   std::size_t tx_off_ = 0;  // bytes of txq_.front() (header + payload) already sent
 
   std::deque<transfer*> rxq_;
