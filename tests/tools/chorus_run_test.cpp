@@ -232,6 +232,47 @@ TEST_CASE("SIGTERM to chorus-run is forwarded to the ranks") {
   CHECK(contains(lines, "[1] got TERM"));
 }
 
+TEST_CASE("what a rank started and left behind is stopped when the job ends, however it ends") {
+  // A background process of a rank that already exited: once only the rank's own process
+  // was stopped, and these ran on (with --nodes, holding their node's namespaces).
+  for (const std::string how : {"exits 0", "exits 3", "times out"}) {
+    CAPTURE(how);
+    scratch_dir dir;
+    const std::string leave = "sleep 100 & echo $! > " + dir.path + "/left; ";
+    run_result r;
+    if (how == "exits 0") {
+      r = run("-n 2 sh -c '" + leave + "echo done'");
+      CHECK(r.exit_code == 0);
+    } else if (how == "exits 3") {
+      r = run("-n 2 sh -c 'if [ $CHORUS_RANK = 0 ]; then " + leave + "exit 3; fi; exec sleep 100'");
+      CHECK(r.exit_code == 1);
+    } else {
+      // The one left behind ignores SIGTERM: SIGKILL reaches it.
+      r = run("-n 1 --timeout 0.5 sh -c '(trap \"\" TERM; exec sleep 100) & echo $! > " + dir.path +
+              "/left; wait'");
+      CHECK(r.exit_code == 124);
+    }
+    const std::string text = read_file(dir.path + "/left");
+    REQUIRE_MESSAGE(!text.empty(), "the rank did not say what it left");
+    const auto pid = static_cast<pid_t>(std::stol(text));
+    CHECK_MESSAGE(gone_within(pid, std::chrono::milliseconds(5000)), "pid " << pid << " still runs");
+  }
+}
+
+TEST_CASE("--timeout no longer applies once every rank has exited") {
+  // The ranks succeed at once; what one leaves (ignoring SIGTERM) holds their output open
+  // past the timeout. That is not the ranks' timeout: the run succeeds.
+  auto r = run("-n 2 --timeout 0.5 sh -c '(trap \"\" TERM; exec sleep 100) & echo ok'");
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("timeout") == std::string::npos);
+}
+
+TEST_CASE("ranks get the open-file limit chorus-run was given, not the one it raised for itself") {
+  auto r = run_shell("ulimit -Sn 1000 && " + chorus_run() + " -n 1 sh -c 'ulimit -Sn'");
+  CHECK(r.exit_code == 0);
+  CHECK(contains(lines_of(r.out), "[0] 1000"));
+}
+
 TEST_CASE("a program that does not exist is reported and chorus-run exits 2") {
   auto r = run("-n 2 chorus-no-such-program-xyz");
   CHECK(r.exit_code == 2);

@@ -25,7 +25,9 @@
 // least does); a rank that crashes (SIGSEGV, SIGABRT, ...) still fails the run.
 //
 // How it works: one process per rank, each the leader of its own process group so that a
-// signal reaches the rank and everything it started. stdout and stderr come back through
+// signal reaches the rank and everything it started; what a rank leaves running when it
+// ends is stopped when the job ends (SIGTERM once every rank has exited, SIGKILL on the way
+// out), and chorus-run is its subreaper meanwhile. stdout and stderr come back through
 // pipes; a single poll() loop reads them, cuts whole lines and writes each batch of lines with
 // one write(), so lines from different ranks never interleave. Signals (SIGCHLD, SIGINT,
 // SIGTERM, SIGHUP) are turned into bytes on a self-pipe that the same poll() watches, so the
@@ -125,6 +127,13 @@ void write_all(int fd, std::string_view data) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // A non-blocking stdout (shared with whoever set it so): wait until it takes more,
+        // rather than drop the rest of the output.
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, -1);
+        continue;
+      }
       return;  // stdout closed (EPIPE, SIGPIPE is ignored): drop the output, keep supervising.
     }
     data.remove_prefix(static_cast<std::size_t>(n));
@@ -364,6 +373,9 @@ struct stream {
 struct rank_process {
   pid_t pid = -1;
   bool running = false;
+  // Its process group (id: pid) may still hold what the rank started after the rank itself
+  // was reaped; false once a signal to it found nobody.
+  bool group_left = true;
   stream out, err;
 };
 
@@ -424,11 +436,19 @@ class launcher {
  private:
   void setup() {
     // 2 pipes per rank plus the self-pipe: 1024 ranks need more than the usual soft limit.
+    // The ranks get the limit we were given back (restore_nofile_).
     rlimit lim{};
     if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+      restore_nofile_ = lim;
       lim.rlim_cur = lim.rlim_max;
       ::setrlimit(RLIMIT_NOFILE, &lim);
     }
+#if defined(__linux__)
+    // What a rank starts and leaves behind when it ends becomes our child, not init's: its
+    // process group stays pinned while we have not reaped it, so stopping the group at the
+    // end reaches it (signal_groups).
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+#endif
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) fail_setup("pipe");
     signal_pipe_read_ = fds[0];
@@ -591,6 +611,7 @@ class launcher {
       // If chorus-run itself dies (even by SIGKILL), take the rank with it.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
 #endif
+      if (restore_nofile_) ::setrlimit(RLIMIT_NOFILE, &*restore_nofile_);
       if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
@@ -663,11 +684,14 @@ class launcher {
     return false;
   }
 
+  // Signals every rank's process group: the rank and everything it started, also what is
+  // left of a group whose rank was reaped. Such a group's id stays in use while any member
+  // lives (members orphaned are ours to reap, PR_SET_CHILD_SUBREAPER), and a group found
+  // empty is never signalled again, so the id of another process's group is never hit.
   void signal_running(int sig) {
-    for (const auto& r : ranks_) {
-      // The group of a rank that was reaped may be gone and its id reused: only signal
-      // groups whose leader we have not reaped yet.
-      if (r.running) ::kill(-r.pid, sig);
+    for (auto& r : ranks_) {
+      if (r.pid <= 0 || !r.group_left) continue;
+      if (::kill(-r.pid, sig) != 0 && errno == ESRCH && !r.running) r.group_left = false;
     }
   }
 
@@ -707,14 +731,18 @@ class launcher {
     if (!batch.empty()) write_all(s.dest, batch);
   }
 
-  // Reads what is available on one stream; closes it at EOF.
-  void read_stream(int rank, stream& s) {
+  // Reads what is available on one stream, at most `reads` buffers of it; closes it at EOF.
+  // The loop reads once per stream and turn: a rank writing without pause (its pipe refilled
+  // as fast as it is read) kept one call here for seconds, and timeouts, signals and other
+  // ranks' failures waited for it.
+  void read_stream(int rank, stream& s, int reads = 1) {
     char buf[65536];
-    for (;;) {
+    for (int k = 0; k < reads;) {
       ssize_t n = ::read(s.fd, buf, sizeof buf);
       if (n > 0) {
         emit(rank, s, std::string_view(buf, static_cast<std::size_t>(n)), false);
         if (static_cast<std::size_t>(n) < sizeof buf) return;
+        ++k;
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -745,10 +773,11 @@ class launcher {
         auto& rank = ranks_[r];
         if (rank.pid != pid || !rank.running) continue;
         rank.running = false;
-        // Print what the rank wrote before it died ahead of our verdict on it.
+        // Print what the rank wrote before it died ahead of our verdict on it (its pipes hold
+        // 64 KiB each; more may come from what it started, read in turn by the loop).
         int ri = static_cast<int>(r);
-        if (rank.out.fd >= 0) read_stream(ri, rank.out);
-        if (rank.err.fd >= 0) read_stream(ri, rank.err);
+        if (rank.out.fd >= 0) read_stream(ri, rank.out, 4);
+        if (rank.err.fd >= 0) read_stream(ri, rank.err, 4);
         if (shutting_down_) break;
         if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
           say("rank " + std::to_string(r) + " exited with status " +
@@ -774,10 +803,12 @@ class launcher {
   }
 
   // Starts the drain grace period once, when the last rank is reaped.
+  // Then what the ranks started and left behind is stopped: the job ends with its ranks.
   void note_if_all_exited() {
     if (all_exited_ || any_running()) return;
     all_exited_ = true;
     drain_until_ = clock_type::now() + drain_grace;
+    signal_running(SIGTERM);
   }
 
   void stop_rest(int code) {
@@ -827,7 +858,8 @@ class launcher {
       auto now = clock_type::now();
       if (!running && (!open || now >= drain_until_)) break;
 
-      if (timeout_at_ && now >= *timeout_at_ && !timed_out_ && !shutting_down_) {
+      // Once every rank has exited, only their output is left to read: no timeout then.
+      if (timeout_at_ && now >= *timeout_at_ && !timed_out_ && !shutting_down_ && running) {
         timed_out_ = true;
         std::string secs = std::to_string(opt_.timeout_s);
         secs.erase(secs.find_last_not_of('0') + 1);
@@ -857,7 +889,7 @@ class launcher {
       auto earliest = [&](const std::optional<clock_type::time_point>& t) {
         if (t && (!wake || *t < *wake)) wake = t;
       };
-      if (!timed_out_ && !shutting_down_) earliest(timeout_at_);
+      if (!timed_out_ && !shutting_down_ && running) earliest(timeout_at_);
       earliest(kill_at_);
       if (!running) earliest(drain_until_);
       int timeout_ms = -1;
@@ -882,6 +914,8 @@ class launcher {
       close_stream(static_cast<int>(r), ranks_[r].out);
       close_stream(static_cast<int>(r), ranks_[r].err);
     }
+    signal_running(SIGKILL);  // anything the ranks left that outlived the SIGTERM
+    reap();
   }
 
   options opt_;
@@ -892,6 +926,7 @@ class launcher {
   std::string secret_;  // the job's CHORUS_SECRET when we made it; never printed
   int signal_pipe_read_ = -1;
   std::vector<rank_process> ranks_;
+  std::optional<rlimit> restore_nofile_;  // the RLIMIT_NOFILE we were started with, if raised
   bool shutting_down_ = false;
   bool timed_out_ = false;
   bool all_exited_ = false;
