@@ -179,9 +179,17 @@ class request {
   /// thread runs them itself: handing an operation to the engine's thread and its end back
   /// cost 6-8 µs here, where a grouped send and receive of 8 B between two shared memory
   /// ranks then takes 0.7-1.2. The worker, woken at once, still wins that race at times.
+  ///
+  /// An operation issued inside group_start() ... group_end() is queued by group_end(): waited
+  /// for before that, it would never complete, so wait() throws errc::invalid_argument.
   void wait() {
     if (!s_) return;
     std::unique_lock lk(s_->m);
+    if (!s_->finished && s_->runner.load(std::memory_order_acquire) == nullptr) {
+      throw error(errc::invalid_argument,
+                  "wait() on an operation of a group that has not ended: call group_end() first", {},
+                  std::nullopt, "wait");
+    }
     for (detail::op_runner* q = nullptr; !s_->finished && (q = s_->runner.load(std::memory_order_acquire)) != nullptr;) {
       if (!q->run_next(lk)) break;
     }

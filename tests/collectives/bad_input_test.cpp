@@ -481,6 +481,29 @@ TEST_CASE("an invalid call inside a group is refused at once, and the rest of th
   });
 }
 
+TEST_CASE("waiting on a grouped operation before group_end, or after its communicator went inside the group, fails instead of hanging") {
+  run_ranks(2, [](communicator& comm) {
+    std::vector<float> v(16, 1.0f);
+    comm.group_start();
+    auto early = comm.all_reduce_async(std::span(v));
+    RANK_CHECK_REFUSED_NAMING(early.wait(), "a group that has not ended: call group_end() first");
+    RANK_CHECK(!early.test());
+    comm.group_end().wait();
+    early.wait();
+    RANK_CHECK(v[15] == 2.0f);
+    // A communicator destroyed with its group open: the group's requests end, failing.
+    request orphan;
+    {
+      std::optional<communicator> sub = comm.split(0, comm.rank());
+      RANK_CHECK(sub.has_value());
+      sub->group_start();
+      orphan = sub->all_reduce_async(std::span(v));
+    }
+    RANK_CHECK_REFUSED_NAMING(orphan.wait(), "destroyed inside a group");
+    still_works(comm);
+  });
+}
+
 TEST_CASE("a bad CHORUS_ALGO fails communicator creation with invalid_argument naming it") {
   struct bad { const char* value; const char* names; };
   for (bad b : {bad{"allreduce:bogus", "'bogus' is not an algorithm"}, bad{"bogus:ring", "'bogus' is not a collective"},

@@ -123,6 +123,15 @@ struct communicator::impl final : detail::op_runner {
     {
       std::lock_guard lk(m);
       stopping = true;
+      // A group never ended: its operations never ran, and never will. Their requests, which
+      // may outlive us, end with that rather than wait forever.
+      if (group_depth > 0 && group_state) {
+        group_state->finish(std::make_exception_ptr(
+            error(errc::invalid_argument,
+                  "the communicator was destroyed inside a group (group_start() without group_end()): "
+                  "the group's operations never ran",
+                  {info.rank}, std::nullopt, "group_end")));
+      }
     }
     cv.notify_all();
     if (worker.joinable()) worker.join();
