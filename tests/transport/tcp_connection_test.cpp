@@ -9,6 +9,7 @@
 
 #include <chorus/transport/tcp.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -480,18 +481,23 @@ TEST_CASE("a sealed send is done only once all of its records are with the kerne
   }
 }
 
-TEST_CASE("a sealed stream read with the wrong key fails authentication before any payload lands") {
-  sealed_pair p(2);  // b's key differs
-  std::vector<float> in(16, 3.0f), out;
-  transfer x;
-  x.header = detail::make_header(fingerprint(16), 0, 0, 64);
-  x.data = reinterpret_cast<std::byte*>(in.data());
-  x.length = 64;
-  transfer y = float_recv(out, 16);
-  std::string what;
-  CHECK(code_of([&] { p.move(x, y); }, &what) == errc::protocol);
-  CHECK(what.find("failed authentication") != std::string::npos);
-  CHECK(out == std::vector<float>(16, 0.0f));
+TEST_CASE("a sealed stream read with the wrong key fails authentication, leaving no unverified payload") {
+  // 16 floats go through the connection's own buffer; 150,000 (600 KB, records of 256 KiB)
+  // are decrypted straight into the receive, and what failed to verify must be wiped there.
+  for (std::size_t count : {std::size_t{16}, std::size_t{150000}}) {
+    CAPTURE(count);
+    sealed_pair p(2);  // b's key differs
+    std::vector<float> in(count, 3.0f), out;
+    transfer x;
+    x.header = detail::make_header(fingerprint(count), 0, 0, static_cast<std::uint32_t>(count * 4));
+    x.data = reinterpret_cast<std::byte*>(in.data());
+    x.length = count * 4;
+    transfer y = float_recv(out, count);
+    std::string what;
+    CHECK(code_of([&] { p.move(x, y); }, &what) == errc::protocol);
+    CHECK(what.find("failed authentication") != std::string::npos);
+    CHECK(out == std::vector<float>(count, 0.0f));
+  }
 }
 
 TEST_CASE("an altered, oversized or truncated record is a protocol error") {
@@ -553,4 +559,89 @@ TEST_CASE("the data listener binds one interface's address, never every address"
   auto store = tcp_store::connect(info);
   auto t = tcp_transport::connect(store, info);
   CHECK(t.describe().find("via 127.0.0.1") != std::string::npos);
+}
+
+TEST_CASE("connections per pair set in code outside 1 to 16 are refused, naming the option") {
+  launch_info info;
+  info.master_addr = "127.0.0.1";
+  auto store = tcp_store::connect(info);
+  for (int conns : {-1, 17, 260}) {
+    CAPTURE(conns);
+    tcp_options o;
+    o.conns = conns;
+    std::string what;
+    CHECK(code_of([&] { (void)tcp_transport::connect(store, info, o); }, &what) == errc::invalid_argument);
+    CHECK(what.find("tcp_options::conns = " + std::to_string(conns)) != std::string::npos);
+  }
+}
+
+TEST_CASE("a large sealed frame whose later record fails to verify leaves none of that record's bytes") {
+  // Records of a large frame are decrypted straight into the receive, and GCM checks a
+  // record's tag after decrypting it: the bytes of one that fails must be wiped there.
+  const std::size_t count = 150000;  // 600,000 B of payload: three records
+  std::vector<float> in(count), out;
+  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 1000 + 1);
+  frame_header h = detail::make_header(fingerprint(count), 0, 0, static_cast<std::uint32_t>(count * 4));
+  int seal_fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, seal_fds) == 0);
+  detail::set_nonblocking(seal_fds[0]);
+  detail::set_nonblocking(seal_fds[1]);
+  detail::tcp_cipher sealer(session_key(1), true, 1);
+  std::vector<unsigned char> wire;
+  auto collect = [&] {
+    unsigned char buf[65536];
+    ssize_t n = 0;
+    while ((n = ::recv(seal_fds[1], buf, sizeof buf, 0)) > 0) wire.insert(wire.end(), buf, buf + n);
+  };
+  const std::size_t total = sizeof h + count * 4;
+  std::size_t taken = 0;
+  while (taken < total || sealer.pending()) {
+    if (taken < total) {
+      iovec parts[2];
+      std::size_t k = 0;
+      if (taken < sizeof h) {
+        parts[k++] = {reinterpret_cast<char*>(&h) + taken, sizeof h - taken};
+        parts[k++] = {in.data(), count * 4};
+      } else {
+        parts[k++] = {reinterpret_cast<char*>(in.data()) + (taken - sizeof h), total - taken};
+      }
+      const ssize_t n = sealer.send(seal_fds[0], parts, k);
+      if (n > 0) taken += static_cast<std::size_t>(n);
+    } else {
+      (void)sealer.drain(seal_fds[0]);
+    }
+    collect();
+  }
+  collect();
+  ::close(seal_fds[0]);
+  ::close(seal_fds[1]);
+  const std::size_t record = detail::tcp_record_plain;
+  REQUIRE(wire.size() > 2 * (4 + record + 16));
+  wire[(4 + record + 16) + 4 + 100] ^= 1;  // a bit of the second record's ciphertext
+
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  detail::set_nonblocking(sv[0]);
+  detail::set_nonblocking(sv[1]);
+  tcp_connection conn{detail::unique_fd(sv[0]), 0, 1,
+                      std::make_unique<detail::tcp_cipher>(session_key(1), false, 1)};
+  transfer y = float_recv(out, count);
+  conn.post_recv(&y);
+  std::size_t fed = 0;
+  CHECK(code_of([&] {
+          for (int i = 0; i < 100000 && !y.done; ++i) {
+            if (fed < wire.size()) {
+              const ssize_t n = ::send(sv[1], wire.data() + fed, wire.size() - fed, MSG_NOSIGNAL | MSG_DONTWAIT);
+              if (n > 0) fed += static_cast<std::size_t>(n);
+            }
+            conn.readable = true;
+            conn.pump();
+          }
+        }) == errc::protocol);
+  ::close(sv[1]);
+  // The first record verified: its payload landed. The second's is not there.
+  const std::size_t first = (record - sizeof h) / 4, second = (2 * record - sizeof h) / 4;
+  CHECK(std::equal(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(first), in.begin()));
+  CHECK(std::all_of(out.begin() + static_cast<std::ptrdiff_t>(first), out.begin() + static_cast<std::ptrdiff_t>(second),
+                    [](float v) { return v == 0.0f; }));
 }

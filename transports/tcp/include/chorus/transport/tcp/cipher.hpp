@@ -212,6 +212,9 @@ class tcp_cipher {
                                   in_.data() + 4 + length) == 1;
     ok = ok && EVP_DecryptFinal_ex(open_.get(), as_uchar(dst) + length, &len) == 1;
     if (!ok) {
+      // GCM checks the tag after decrypting, and a large record is decrypted straight into
+      // the receiver's buffer: what failed to verify is wiped, never left there.
+      OPENSSL_cleanse(dst, length);
       throw error(errc::protocol,
                   "rank " + std::to_string(peer_) + " sent an encrypted record that failed "
                   "authentication (altered on the way, or not sealed with this connection's key)",

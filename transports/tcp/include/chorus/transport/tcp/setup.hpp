@@ -122,6 +122,12 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
                                             std::to_string(wanted.size()) + " entries for " +
                                             std::to_string(info.size) + " ranks");
   }
+  if (opts.conns < 0 || opts.conns > 16) {  // from_env clamps CHORUS_TCP_CONNS alike
+    throw error(errc::invalid_argument,
+                "tcp_options::conns = " + std::to_string(opts.conns) +
+                    ": connections per pair are 1 to 16 (0: picked at connect)",
+                {info.rank}, std::nullopt, "connect");
+  }
   tcp_transport t;
   t.rank_ = info.rank;
   t.size_ = info.size;
@@ -243,10 +249,12 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
       });
       if (now >= deadline) {
         std::string missing;
+        std::vector<int> missing_ranks;
         for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
           for (std::size_t idx = 0; idx < k && wanted[peer]; ++idx) {
             if (!t.conns_[peer * k + idx]) {
               missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+              missing_ranks.push_back(static_cast<int>(peer));
               break;
             }
           }
@@ -254,7 +262,7 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
         throw error(errc::bootstrap,
                     "rank " + std::to_string(info.rank) + " at " + local.str() +
                         " timed out waiting for connections from ranks " + missing,
-                    {}, std::nullopt, "accept");
+                    missing_ranks, std::nullopt, "accept");
       }
       auto wake = deadline;
       fds.clear();
