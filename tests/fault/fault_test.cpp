@@ -329,6 +329,50 @@ TEST_CASE("abort() from another thread fails the call in flight here and the pee
   });
 }
 
+TEST_CASE("abort() while a send runs: whether the send ends first or not, the peer hears of it at once") {
+  // Rank 0's thread aborts 0 to 300 us into a 1 MiB send. A send that finished before it
+  // looked at the flag once returned success, and nobody told rank 1, whose next receive
+  // waited out CHORUS_TIMEOUT. Now that send fails with aborted, or the abort is carried out
+  // as the send ends; either way rank 1's next receive fails at once.
+  for (const char* transport : {"tcp", "shm"})
+  for (const int delay_us : {0, 20, 50, 100, 200, 300}) {
+    CAPTURE(transport);
+    CAPTURE(delay_us);
+    run_ranks(2, [delay_us](communicator& comm) {
+      std::vector<float> v(1 << 18, 1.0f);
+      comm.barrier();
+      if (comm.rank() == 0) {
+        std::thread t([&] {
+          std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+          comm.abort("rank 0 stops mid-send");
+        });
+        try {
+          comm.send(std::span<const float>(v), 1);
+        } catch (const error& e) {
+          RANK_CHECK(e.code() == errc::aborted);
+        }
+        t.join();
+        // No further call here (one would tell the peers on its own), and stay until rank 1
+        // has heard: its receive must not end because we left.
+        std::this_thread::sleep_for(std::chrono::seconds(3));
+        return;
+      }
+      try {
+        comm.recv(std::span(v), 0);
+      } catch (const error&) {
+        // The abort may come before the payload.
+      }
+      try {
+        comm.recv(std::span(v), 0);
+        RANK_CHECK(false);
+      } catch (const error& e) {
+        std::fprintf(stderr, "[rank 1] %s\n", e.what());
+        RANK_CHECK(e.code() == errc::remote_error);  // not errc::timeout
+      }
+    }, {.env = {{"CHORUS_TIMEOUT", "10"}, {"CHORUS_TRANSPORT", transport}}});
+  }
+}
+
 TEST_CASE("abort() on an idle communicator: later calls fail, the peers' too") {
   run_ranks(3, [](communicator& comm) {
     std::vector<int> v(8, 1);

@@ -154,6 +154,11 @@ struct communicator::impl final : detail::op_runner {
         if (auto e = watch.verdict(named.seq, named.kind)) throw *e;
       }
       run(d);
+      // Aborted while it ran, and done before it looked: it fails all the same, as abort()
+      // promises, and the peers hear of it now (the catch below), not at our next call.
+      if (watch.aborted()) {
+        if (auto e = watch.verdict(named.seq, named.kind)) throw *e;
+      }
       flight.ended(d.flight, tickets, {});
       return nullptr;
     } catch (const error& e) {
@@ -256,17 +261,30 @@ struct communicator::impl final : detail::op_runner {
   void abort(const std::string& why) {
     if (!watch.abort(why)) return;
     std::unique_lock lk(m);
-    if (busy || broken) return;  // the running operation fails at its next idle turn
-    // Nothing runs: fail the communicator here and tell the peers, holding `busy` so that no
-    // operation starts on the transport meanwhile.
+    // A running operation fails at its next idle turn or as it ends (execute); one that had
+    // looked for the last time when the flag was set leaves it to whoever ends it (idle()).
+    if (busy || broken) return;
+    fail_aborted(lk);
+    lk.unlock();
+    cv.notify_all();
+  }
+
+  /// Where an operation has just ended (`lk` holds m, busy just cleared): an abort() made
+  /// after the operation last looked, which left the failing to it, fails the communicator now.
+  void idle(std::unique_lock<std::mutex>& lk) {
+    if (watch.aborted() && !broken) fail_aborted(lk);
+  }
+
+  /// Fails an idle communicator that was aborted, and tells the peers, holding `busy` so that
+  /// no operation starts on the transport meanwhile. `lk` holds m, and does again after.
+  void fail_aborted(std::unique_lock<std::mutex>& lk) {
     busy = true;
+    const std::string why = watch.abort_reason();
     broken = std::make_exception_ptr(error(errc::aborted, "communicator aborted: " + why));
     lk.unlock();
     transport->abort("rank " + std::to_string(info.rank) + " aborted its communicator: " + why, nullptr);
     lk.lock();
     busy = false;
-    lk.unlock();
-    cv.notify_all();
   }
 
   schedule build(const detail::op_desc& d) const {
@@ -441,6 +459,7 @@ struct communicator::impl final : detail::op_runner {
       const std::exception_ptr failure = execute(d, true);
       lk.lock();
       busy = false;
+      idle(lk);
       if (!queue.empty()) cv.notify_all();
       lk.unlock();
       if (failure) std::rethrow_exception(failure);
@@ -530,6 +549,7 @@ struct communicator::impl final : detail::op_runner {
     d.state->finish(execute(d));
     lk.lock();
     busy = false;
+    idle(lk);
     // Under m: once it is let go, the worker may end and this be destroyed. Only where the
     // worker has something to do: a wake-up for nothing costs the core a peer may be using.
     if ((last && !queue.empty()) || stopping) cv.notify_all();
@@ -553,6 +573,7 @@ struct communicator::impl final : detail::op_runner {
       d.state->finish(execute(d));
       lk.lock();
       busy = false;
+      idle(lk);
       cv.notify_all();
     }
   }

@@ -73,6 +73,11 @@ class watch {
     return true;
   }
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  /// The reason the first abort() gave (empty before one).
+  std::string abort_reason() const {
+    std::lock_guard lk(m_);
+    return abort_why_;
+  }
 
   /// This communicator's failed ranks (its own numbering) with their reasons.
   std::map<int, std::string> failed() const {
