@@ -399,6 +399,8 @@ TEST_CASE("a grouped call or sendrecv on a failed communicator names its own fir
     std::vector<float> v(8, 1.0f), w(8);
     comm.barrier();
     if (comm.rank() == 1) return;
+    // Rank 1 may still be reading the barrier's last frames: an abort now would fail it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     comm.abort("rank 0 stops");
     auto names_sendrecv = [](const error& e) {
       const std::string what = e.what();
