@@ -446,7 +446,7 @@ class launcher {
 #if defined(__linux__)
     // What a rank starts and leaves behind when it ends becomes our child, not init's: its
     // process group stays pinned while we have not reaped it, so stopping the group at the
-    // end reaches it (signal_groups).
+    // end reaches it (signal_running).
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
 #endif
     int fds[2];

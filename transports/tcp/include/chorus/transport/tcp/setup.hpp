@@ -248,21 +248,18 @@ inline tcp_transport tcp_transport::connect(store& store, const launch_info& inf
         return true;
       });
       if (now >= deadline) {
-        std::string missing;
-        std::vector<int> missing_ranks;
+        std::vector<int> missing;
         for (std::size_t peer = 0; peer < static_cast<std::size_t>(info.rank); ++peer) {
           for (std::size_t idx = 0; idx < k && wanted[peer]; ++idx) {
             if (!t.conns_[peer * k + idx]) {
-              missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
-              missing_ranks.push_back(static_cast<int>(peer));
+              missing.push_back(static_cast<int>(peer));
               break;
             }
           }
         }
-        throw error(errc::bootstrap,
-                    "rank " + std::to_string(info.rank) + " at " + local.str() +
-                        " timed out waiting for connections from ranks " + missing,
-                    missing_ranks, std::nullopt, "accept");
+        std::string message = "rank " + std::to_string(info.rank) + " at " + local.str() +
+                              " timed out waiting for connections from " + store_ranks_text(missing);
+        throw error(errc::bootstrap, std::move(message), std::move(missing), std::nullopt, "accept");
       }
       auto wake = deadline;
       fds.clear();
