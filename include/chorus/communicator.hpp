@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "chorus/bootstrap/env.hpp"
+#include "chorus/bootstrap/detail/group_store.hpp"
 #include "chorus/bootstrap/store.hpp"
 #include "chorus/bootstrap/topology.hpp"
 #include "chorus/collectives.hpp"
@@ -425,7 +426,7 @@ class communicator {
   /// `job_ranks` the job rank of each rank here (empty: the identity).
   static communicator make(const launch_info& info, std::shared_ptr<store> st,
                            transport_factory factory, communicator_options opts,
-                           std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
+                           std::shared_ptr<store> root, std::shared_ptr<detail::store_turns> lock,
                            std::string prefix, std::shared_ptr<detail::heartbeat> beat = nullptr,
                            std::vector<int> job_ranks = {}, const cost_model* costs = nullptr);
   /// make() for a communicator that is a job of its own on `st` (its root store, with a

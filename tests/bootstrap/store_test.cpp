@@ -526,7 +526,7 @@ TEST_CASE("a split group's rounds wait only for its members, and name a member t
     auto job = std::make_shared<chorus::tcp_store>(
         chorus::tcp_store::connect(rank_info(r, 3, port), {.timeout = 60s}));
     if (r == 1) return 0;
-    chorus::detail::group_store group(job, std::make_shared<std::mutex>(), "g/", r == 0 ? 0 : 1,
+    chorus::detail::group_store group(job, std::make_shared<chorus::detail::store_turns>(), "g/", r == 0 ? 0 : 1,
                                       {0, 2});
     auto all = group.all_gather("addr", bytes("from " + std::to_string(r)));
     CHILD_CHECK(all.size() == 2 && text(all[0]) == "from 0" && text(all[1]) == "from 2");
@@ -560,7 +560,7 @@ TEST_CASE("a split group's store errors name its own ranks, in order, and no job
     }
     const std::vector<int> members = {3, 1, 2};
     const int mine = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-    chorus::detail::group_store group(job, std::make_shared<std::mutex>(), "g/", mine, members);
+    chorus::detail::group_store group(job, std::make_shared<chorus::detail::store_turns>(), "g/", mine, members);
     auto all = group.all_gather("addr", bytes("job rank " + std::to_string(r)));
     CHILD_CHECK(all.size() == 3 && text(all[0]) == "job rank 3" && text(all[2]) == "job rank 2");
     if (r != 2) return 0;
@@ -782,6 +782,48 @@ TEST_CASE("a get of a key nobody sets times out naming the key and the store's a
   CHECK(clock_type::now() - start < 2s);
   store.set("after", bytes("ok"));
   CHECK(text(store.get("after")) == "ok");
+}
+
+TEST_CASE("a get_all slice that ends with keys missing returns nothing and leaves the store usable") {
+  auto store = chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 300ms});
+  const std::vector<std::string> keys = {"k"};
+  const std::vector<int> any = {-1};
+  // Slices before the whole wait's deadline: nothing yet, no error.
+  const auto begun = clock_type::now();
+  CHECK_FALSE(store.get_all_slice(keys, any, begun, 20ms).has_value());
+  CHECK_FALSE(store.get_all_slice(keys, any, begun, 20ms).has_value());
+  store.set("k", bytes("v"));
+  auto got = store.get_all_slice(keys, any, begun, 20ms);
+  REQUIRE(got.has_value());
+  CHECK(text(got->at(0)) == "v");
+  // A slice that reaches the deadline fails as get_all does there, and only then.
+  const std::vector<std::string> never = {"never"};
+  const auto long_ago = clock_type::now() - 250ms;
+  try {
+    while (!store.get_all_slice(never, any, long_ago, 20ms)) {
+    }
+    FAIL("got a key nobody set");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::timeout);
+    CHECK(contains(e.what(), "get_all of 'never' at 127.0.0.1:"));
+    CHECK(contains(e.what(), "timed out after 0.3 s: no rank set 'never'"));
+  }
+  CHECK(text(store.get("k")) == "v");
+}
+
+TEST_CASE("a split group's get of a key nobody sets times out at the store's deadline") {
+  auto job = std::make_shared<chorus::tcp_store>(
+      chorus::tcp_store::connect(rank_info(0, 1, 1), {.timeout = 300ms}));
+  chorus::detail::group_store group(job, std::make_shared<chorus::detail::store_turns>(), "g/", 0, {0});
+  try {
+    (void)group.get("nope");
+    FAIL("got a key nobody set");
+  } catch (const chorus::error& e) {
+    CHECK(e.code() == chorus::errc::timeout);
+    CHECK(contains(e.what(), "timed out after 0.3 s: no rank set 'g/nope'"));
+  }
+  group.set("after", bytes("ok"));
+  CHECK(text(group.get("after")) == "ok");
 }
 
 TEST_CASE("keys and values over the limits, and adds on non-counters, are invalid arguments") {

@@ -2,6 +2,7 @@
 // Point-to-point messages, grouped operations and split() sub-communicators over real ranks.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -297,4 +298,36 @@ TEST_CASE("split makes sub-communicators ranked by key that run beside their par
     }
     comm.barrier();
   });
+}
+
+TEST_CASE("two threads splitting two communicators at once both finish") {
+  // Every split view talks to the job's store over one connection. Here rank 0's first
+  // thread waits in the store for rank 1's key of group a while rank 1's second thread waits
+  // for rank 0's key of group b: each view must give the connection up while it waits, or
+  // neither key is ever set and both waits run to the bootstrap deadline.
+  chorus::test::run_options o;
+  o.env["CHORUS_BOOTSTRAP_TIMEOUT"] = "20";
+  run_ranks(4, [](communicator& comm) {
+    const int r = comm.rank();
+    auto a = comm.split(0, r);
+    auto b = comm.split(0, -r);
+    RANK_CHECK((a && b));
+    std::optional<communicator> a2, b2;
+    const auto late = std::chrono::milliseconds(200);
+    std::thread other([&] {
+      if (r % 2 == 0) std::this_thread::sleep_for(late);
+      b2 = b->split(r / 2, r);
+    });
+    if (r % 2 == 1) std::this_thread::sleep_for(late);
+    a2 = a->split(r % 2, r);
+    other.join();
+    RANK_CHECK((a2 && b2));
+    std::vector<int> va{r}, vb{r};
+    std::thread other_sum([&] { b2->all_reduce(std::span(vb)); });
+    a2->all_reduce(std::span(va));
+    other_sum.join();
+    RANK_CHECK(va[0] == (r % 2 == 0 ? 0 + 2 : 1 + 3));
+    RANK_CHECK(vb[0] == (r / 2 == 0 ? 0 + 1 : 2 + 3));
+    comm.barrier();
+  }, o);
 }

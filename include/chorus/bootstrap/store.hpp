@@ -20,6 +20,7 @@ namespace chorus {
 
 namespace detail {
 class store_server;
+struct store_get_all_request;
 }
 
 /// How the store waits. Every field has a visible default.
@@ -68,6 +69,17 @@ class store {
     std::vector<std::vector<std::byte>> values;
     for (const auto& k : keys) values.push_back(get(k));
     return values;
+  }
+  /// One slice of a get_all, for a store that several threads take turns on: waits at most
+  /// `slice` for the keys and returns them, or std::nullopt while some are missing, leaving
+  /// the store usable so that another thread may use it before the caller asks again. The
+  /// whole wait's deadline is `begun` plus the store's timeout: a slice after it fails as
+  /// get_all fails at its deadline, and an owner that left fails it at once as in get_all.
+  /// This default, for stores that cannot wait in slices, is one whole get_all.
+  virtual std::optional<std::vector<std::vector<std::byte>>> get_all_slice(
+      std::span<const std::string> keys, std::span<const int> owners,
+      std::chrono::steady_clock::time_point /*begun*/, std::chrono::milliseconds /*slice*/) {
+    return get_all(keys, owners);
   }
   /// The ranks that have left the store (said hello, then disconnected), ascending, for
   /// set-up steps that wait outside it. This default, for stores that cannot tell, is none.
@@ -149,6 +161,12 @@ class tcp_store final : public store {
   /// naming the owners that left first (contract 3).
   std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
                                               std::span<const int> owners) override;
+  /// get_all's wait cut into slices (store's comment): the server answers after at most
+  /// `slice`, and a slice that ends with keys missing before `begun` + options.timeout
+  /// returns std::nullopt and leaves the connection usable.
+  std::optional<std::vector<std::vector<std::byte>>> get_all_slice(
+      std::span<const std::string> keys, std::span<const int> owners,
+      std::chrono::steady_clock::time_point begun, std::chrono::milliseconds slice) override;
   /// The ranks that said hello and have disconnected since, ascending: exited, failed, or
   /// destroyed their store. One round trip, no wait.
   std::vector<int> departed() override;
@@ -178,6 +196,8 @@ class tcp_store final : public store {
  private:
   struct state;
   explicit tcp_store(std::unique_ptr<state> s) noexcept;
+  detail::store_get_all_request checked_get_all(std::span<const std::string> keys,
+                                                std::span<const int> owners) const;
   std::unique_ptr<state> state_;
 };
 

@@ -29,7 +29,7 @@ namespace chorus {
 namespace detail {
 // Defined in tuner/detail/probe.hpp, which needs the whole communicator: when that header is
 // the first one a file includes, it reaches this file before its own definitions.
-inline cost_model job_costs(communicator& comm, store& own, store& root, std::mutex& lock,
+inline cost_model job_costs(communicator& comm, store& own, store& root, store_turns& lock,
                             const std::string& signature, const cost_model& defaults,
                             const executor_options& exec);
 }  // namespace detail
@@ -71,7 +71,7 @@ struct communicator::impl final : detail::op_runner {
   // Where split() children find the job's store: the root store, one lock for every view of
   // it, and this communicator's key prefix ("" for the job's own communicator).
   std::shared_ptr<store> root_store;
-  std::shared_ptr<std::mutex> store_lock;
+  std::shared_ptr<detail::store_turns> store_lock;
   std::string prefix;
   std::uint64_t splits = 0;
   std::uint64_t shrinks = 0;
@@ -586,7 +586,7 @@ inline communicator::~communicator() = default;
 
 inline communicator communicator::make(const launch_info& info, std::shared_ptr<store> st,
                                        transport_factory factory, communicator_options opts,
-                                       std::shared_ptr<store> root, std::shared_ptr<std::mutex> lock,
+                                       std::shared_ptr<store> root, std::shared_ptr<detail::store_turns> lock,
                                        std::string prefix, std::shared_ptr<detail::heartbeat> beat,
                                        std::vector<int> job_ranks, const cost_model* known_costs) {
   const tuning_file file = opts.tuning.file.empty() ? tuning_file{} : tuning_file::load(opts.tuning.file);
@@ -857,7 +857,7 @@ inline communicator communicator::own_job(const launch_info& info, std::shared_p
                                           transport_factory factory, const communicator_options& opts,
                                           const cost_model* costs) {
   auto root = st;
-  return make(info, std::move(st), std::move(factory), opts, std::move(root), std::make_shared<std::mutex>(), "",
+  return make(info, std::move(st), std::move(factory), opts, std::move(root), std::make_shared<detail::store_turns>(), "",
               nullptr, {}, costs);
 }
 

@@ -4,16 +4,51 @@
 
 #include <algorithm>
 #include <chorus/bootstrap/store.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <chorus/error.hpp>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace chorus::detail {
+
+/// The turns the threads of one process take on the job's store connection (its contract 7:
+/// one call at a time). A lock that is granted in the order it was asked for, so that a view
+/// which gives the connection up between the slices of a long wait lets every thread queued
+/// behind it have a turn before its next slice.
+class store_turns {
+ public:
+  void lock() {
+    std::unique_lock lk(m_);
+    const std::uint64_t mine = next_++;
+    turn_.wait(lk, [&] { return serving_ == mine; });
+  }
+  void unlock() {
+    {
+      std::lock_guard lk(m_);
+      ++serving_;
+    }
+    turn_.notify_all();
+  }
+  /// Whether some thread waits for a turn now.
+  bool queued() {
+    std::lock_guard lk(m_);
+    return next_ - serving_ > 1;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable turn_;
+  std::uint64_t next_ = 0;     // the ticket the next lock() takes
+  std::uint64_t serving_ = 0;  // the ticket whose turn it is
+};
 
 /// The store a communicator made by split() connects through. Keys go to the job's store
 /// under `prefix`, which is unique to the sub-communicator (parent, split number, color), so
@@ -24,10 +59,13 @@ namespace chorus::detail {
 /// wait at once (errc::peer_failed) rather than at the deadline.
 ///
 /// The job's store serves one call at a time (its contract 7), and a parent and the groups
-/// split from it may set up on different threads, so every view of one base shares a mutex.
+/// split from it may set up on different threads, so every view of one base takes turns
+/// (store_turns). A wait is cut into slices, the turn given up between them: two threads
+/// splitting two communicators at once each wait for keys that the other thread's peers set
+/// only when they get a turn.
 class group_store final : public store {
  public:
-  group_store(std::shared_ptr<store> base, std::shared_ptr<std::mutex> lock, std::string prefix,
+  group_store(std::shared_ptr<store> base, std::shared_ptr<store_turns> lock, std::string prefix,
               int rank, std::vector<int> base_ranks)
       : base_(std::move(base)), lock_(std::move(lock)), prefix_(std::move(prefix)),
         rank_(rank), base_ranks_(std::move(base_ranks)) {}
@@ -37,8 +75,9 @@ class group_store final : public store {
     in_group_ranks([&] { base_->set(prefix_ + std::string(key), value); });
   }
   std::vector<std::byte> get(std::string_view key) override {
-    std::lock_guard lk(*lock_);
-    return in_group_ranks([&] { return base_->get(prefix_ + std::string(key)); });
+    const std::string full[] = {prefix_ + std::string(key)};
+    const int any[] = {-1};
+    return std::move(in_turns(full, any).front());
   }
   std::vector<std::vector<std::byte>> get_all(std::span<const std::string> keys,
                                               std::span<const int> owners) override {
@@ -54,8 +93,7 @@ class group_store final : public store {
       }
       base_owners.push_back(o < 0 ? -1 : base_ranks_[static_cast<std::size_t>(o)]);
     }
-    std::lock_guard lk(*lock_);
-    return in_group_ranks([&] { return base_->get_all(full, base_owners); });
+    return in_turns(full, base_owners);
   }
   std::vector<int> departed() override {
     std::vector<int> base_gone;
@@ -80,11 +118,11 @@ class group_store final : public store {
     const std::string round = next_round(key);
     std::vector<std::string> keys;
     for (int r = 0; r < size(); ++r) keys.push_back(round + "/" + std::to_string(r));
-    std::lock_guard lk(*lock_);
-    return in_group_ranks([&] {
-      base_->set(keys[static_cast<std::size_t>(rank_)], mine);
-      return base_->get_all(keys, base_ranks_);
-    });
+    {
+      std::lock_guard lk(*lock_);
+      in_group_ranks([&] { base_->set(keys[static_cast<std::size_t>(rank_)], mine); });
+    }
+    return in_turns(keys, base_ranks_);
   }
   void barrier(std::string_view key) override { (void)all_gather(key, {}); }
   int rank() const noexcept override { return rank_; }
@@ -93,6 +131,25 @@ class group_store final : public store {
   const std::array<std::byte, 16>& job_id() const noexcept override { return base_->job_id(); }
 
  private:
+  /// get_all on the base (keys and owners in its terms), a slice per turn. A slice starts at
+  /// 20 ms and doubles up to 500 ms while nobody queues for a turn: keys that arrive end a
+  /// slice at once, so slices cost round trips, not latency, and a long wait for a slow rank
+  /// asks the server a few times a second.
+  std::vector<std::vector<std::byte>> in_turns(std::span<const std::string> keys,
+                                               std::span<const int> owners) {
+    constexpr auto shortest = std::chrono::milliseconds(20);
+    constexpr auto longest = std::chrono::milliseconds(500);
+    const auto begun = std::chrono::steady_clock::now();
+    auto slice = shortest;
+    for (;;) {
+      std::lock_guard lk(*lock_);
+      if (lock_->queued()) slice = shortest;
+      auto values = in_group_ranks([&] { return base_->get_all_slice(keys, owners, begun, slice); });
+      if (values) return std::move(*values);
+      slice = std::min(2 * slice, longest);
+    }
+  }
+
   std::string next_round(std::string_view key) {
     const std::string k(key);
     return prefix_ + k + "#" + std::to_string(rounds_[k]++);
@@ -130,7 +187,7 @@ class group_store final : public store {
   }
 
   std::shared_ptr<store> base_;
-  std::shared_ptr<std::mutex> lock_;
+  std::shared_ptr<store_turns> lock_;
   std::string prefix_;
   int rank_;
   std::vector<int> base_ranks_;

@@ -502,14 +502,14 @@ inline void with_pull_overheads(cost_model& c) {
   c.pull.send_s_per_byte = 0;
 }
 
-inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& lock,
+inline cost_model job_costs_agreed(communicator& comm, store& root, store_turns& lock,
                                    const std::string& signature, const cost_model& defaults,
                                    const executor_options& exec);
 
 /// The costs for `comm`: the job's earlier measurement for a communicator of the same shape
 /// and transport (key `signature` in the job's store `root`), else a fresh probe, which is
 /// then kept there. A collective call.
-inline cost_model job_costs(communicator& comm, store& own, store& root, std::mutex& lock,
+inline cost_model job_costs(communicator& comm, store& own, store& root, store_turns& lock,
                             const std::string& signature, const cost_model& defaults,
                             const executor_options& exec) {
   cost_model c = job_costs_agreed(comm, root, lock, signature, defaults, exec);
@@ -520,7 +520,7 @@ inline cost_model job_costs(communicator& comm, store& own, store& root, std::mu
   return c;
 }
 
-inline cost_model job_costs_agreed(communicator& comm, store& root, std::mutex& lock,
+inline cost_model job_costs_agreed(communicator& comm, store& root, store_turns& lock,
                                    const std::string& signature, const cost_model& defaults,
                                    const executor_options& exec) {
   const std::string key = "chorus/tuner/costs/" + signature;
