@@ -73,8 +73,12 @@ class error : public std::runtime_error {
   std::optional<std::uint64_t> op() const noexcept { return op_; }
   /// The operation or system call that failed ("all_reduce", "connect", ...).
   const std::string& call() const noexcept { return call_; }
+  /// what() without its "chorus: " prefix: the sentence an error that relays or wraps this
+  /// one quotes.
+  std::string message() const { return std::string(what()).substr(prefix_bytes); }
 
  private:
+  static constexpr std::size_t prefix_bytes = 8;  // "chorus: "
   errc code_;
   std::vector<int> ranks_;
   std::optional<std::uint64_t> op_;

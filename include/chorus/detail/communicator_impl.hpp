@@ -163,7 +163,7 @@ struct communicator::impl final : detail::op_runner {
       return nullptr;
     } catch (const error& e) {
       eptr = explain(e);
-      why = e.what();
+      why = e.message();  // peers read it after "rank R failed: "
     } catch (const std::exception& e) {
       // std::bad_alloc and the like: this rank cannot go on, so neither can its peers.
       eptr = std::current_exception();
@@ -224,7 +224,7 @@ struct communicator::impl final : detail::op_runner {
       const std::string kind(to_string(d.kind));
       throw error(e.code(),
                   "op " + std::to_string(d.seq) + " (" + kind +
-                      ") not run: this communicator failed earlier: " + std::string(e.what()).substr(8),
+                      ") not run: this communicator failed earlier: " + e.message(),
                   e.ranks(), d.seq, kind);
     }
   }
@@ -237,7 +237,7 @@ struct communicator::impl final : detail::op_runner {
     if (beat && e.code() == errc::connection_lost && !e.ranks().empty()) {
       std::vector<int> job;
       for (int r : e.ranks()) job.push_back(watch.job_rank(r));
-      beat->report(job, std::string(e.what()).substr(8));
+      beat->report(job, e.message());
     }
     if (beat && e.code() == errc::remote_error) {
       beat->drain();
@@ -245,7 +245,7 @@ struct communicator::impl final : detail::op_runner {
       if (!f.empty()) {
         // The abort's text says "rank J failed: ..." of the rank that sent it, which did not
         // fail but gave up: say so.
-        std::string told = std::string(e.what()).substr(8);
+        std::string told = e.message();
         if (const auto at = told.find(" failed: "); at != std::string::npos && told.rfind("rank ", 0) == 0) {
           told.replace(at, 9, " aborted: ");
         }
@@ -913,7 +913,7 @@ inline communicator communicator::shrink() {
         const auto at = std::find(all.begin(), all.end(), j);
         ranks.push_back(at == all.end() ? j : static_cast<int>(at - all.begin()));
       }
-      throw error(e.code(), std::string(e.what()).substr(8), ranks, e.op(), e.call());
+      throw error(e.code(), e.message(), ranks, e.op(), e.call());
     }
     // The survivors in this communicator's order; the first (the store's host) is rank 0.
     std::vector<int> survivors;

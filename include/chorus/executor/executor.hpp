@@ -719,7 +719,7 @@ inline void executor::run_until(std::span<const executor_job> jobs,
     }
     blame(*j);
     throw error(e.code(),
-                std::string(e.what()).substr(8) + " (op " + std::to_string(j->fp.op_seq) + ", " +
+                e.message() + " (op " + std::to_string(j->fp.op_seq) + ", " +
                     std::string(to_string(j->fp.kind)) + ")",
                 e.ranks(), j->fp.op_seq, std::string(to_string(j->fp.kind)));
   }

@@ -180,7 +180,7 @@ class group_store final : public store {
         where += (where.empty() ? "job " : "; job ") + store_ranks_text(outside) +
                  (outside.size() == 1 ? " is" : " are") + " not in it";
       }
-      std::string message = std::string(e.what()).substr(8) + " (in a split group: " + where + ")";
+      std::string message = e.message() + " (in a split group: " + where + ")";
       throw error(e.code(), std::move(message), std::move(mine), std::nullopt,
                   e.call().empty() ? "store" : e.call());
     }
