@@ -259,6 +259,33 @@ TEST_CASE("what a rank started and left behind is stopped when the job ends, how
   }
 }
 
+TEST_CASE("a reader that stops reading holds up the ranks' output, never the timeout") {
+  // The reader takes nothing for 6 s while the ranks write megabytes, then reads it all.
+  // chorus-run once blocked writing to it, and its timeout, signals and verdicts waited too.
+  scratch_dir dir;
+  const std::string d = dir.path;
+  auto r = run_shell("{ " + chorus_run() + " -n 2 --timeout 1 sh -c 'yes | head -c 8000000; exec sleep 100' 2>" +
+                     d + "/err; echo $? > " + d + "/rc; } | { sleep 6; cp " + d + "/err " + d +
+                     "/early; cat > /dev/null; }");
+  CHECK(read_file(d + "/rc") == "124\n");
+  CHECK(read_file(d + "/early").find("chorus-run: timeout after 1 s, stopping all ranks") != std::string::npos);
+}
+
+TEST_CASE("no line is lost when the reader is slower than the ranks") {
+  // 2 x 21,000 lines of 100 bytes: more than chorus-run keeps for a reader that lags (4 MiB),
+  // so the ranks' last lines wait in their pipes when they exit; they are read at the end.
+  scratch_dir dir;
+  const std::string d = dir.path;
+  auto r = run_shell(chorus_run() + " -n 2 sh -c 'yes 012345678901234567890123456789012345678901234567890123456789"
+                     "012345678901234567890123456789012345678 | head -n 21000' | { sleep 3; cat > " + d + "/out; }");
+  CHECK(r.exit_code == 0);
+  const auto lines = lines_of(read_file(d + "/out"));
+  CHECK(lines.size() == std::size_t{2 * 21000});
+  std::size_t whole = 0;
+  for (const auto& l : lines) whole += l.size() == 103 ? 1u : 0u;
+  CHECK(whole == lines.size());
+}
+
 TEST_CASE("--timeout no longer applies once every rank has exited") {
   // The ranks succeed at once; what one leaves (ignoring SIGTERM) holds their output open
   // past the timeout. That is not the ranks' timeout: the run succeeds.

@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -92,6 +93,9 @@ constexpr auto drain_grace = 1s;
 // A line longer than this is written out in pieces; the bound keeps a program that writes
 // binary data without newlines from growing our memory without limit.
 constexpr std::size_t max_line = std::size_t{1} << 20;
+// Output queued for a reader that does not keep up, beyond which the ranks' streams to it are
+// not read until it takes some.
+constexpr std::size_t max_queued = std::size_t{4} << 20;
 
 constexpr std::string_view usage_text =
     "usage: chorus-run -n N [--port P] [--timeout SECONDS] [--no-prefix] [--keep-going] [--bind] PROGRAM [ARGS...]\n"
@@ -113,7 +117,7 @@ constexpr std::string_view usage_text =
     "                     sum). Each node is a network namespace joined to the others by a\n"
     "                     bridge; needs root and the ip command\n"
     "  --link-rate RATE   cap each node's link at RATE each way, in tc units: 500mbit, 2gbit,\n"
-    "                     100mbps (= megabytes/s); needs the tc command\n"
+    "                     100mbps (= megabytes/s), from 8kbit to 10tbit; needs the tc command\n"
     "  --net-stats        at the end, print the bytes each node's link sent and received\n"
     "Each rank gets CHORUS_RANK, CHORUS_WORLD_SIZE, CHORUS_LOCAL_RANK, CHORUS_LOCAL_WORLD_SIZE,\n"
     "CHORUS_MASTER_ADDR=127.0.0.1 and CHORUS_MASTER_PORT; stdin is /dev/null. With --nodes,\n"
@@ -140,11 +144,74 @@ void write_all(int fd, std::string_view data) {
   }
 }
 
+// What chorus-run has yet to write to its stdout or stderr. While the ranks run, bytes are
+// written only as the destination takes them without blocking (the supervisor's poll() loop
+// waits for POLLOUT), so a reader that stops reading holds up the ranks' output, never the
+// timeout, signals or failures. Outside that loop, writes block as usual.
+struct outbox {
+  int fd;
+  std::string bytes;       // bytes[sent..] are still to be written
+  std::size_t sent = 0;
+  bool closed = false;     // the reader went away (EPIPE): what comes is dropped
+
+  std::size_t queued() const { return bytes.size() - sent; }
+
+  // Writes what the destination takes now. One write of at most PIPE_BUF per POLLOUT: a pipe
+  // that polls writable has room for that much, so the write cannot block.
+  void write_ready() {
+    while (queued() > 0 && !closed) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, 0) <= 0 || (p.revents & (POLLOUT | POLLERR | POLLHUP)) == 0) return;
+      const std::size_t chunk = std::min<std::size_t>(queued(), PIPE_BUF);
+      ssize_t n = ::write(fd, bytes.data() + sent, chunk);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        closed = true;  // EPIPE (SIGPIPE is ignored) or another lasting failure
+        break;
+      }
+      sent += static_cast<std::size_t>(n);
+    }
+    if (sent == bytes.size() || closed) {
+      bytes.clear();
+      sent = 0;
+    } else if (sent >= (std::size_t{1} << 20)) {
+      bytes.erase(0, sent);
+      sent = 0;
+    }
+  }
+
+  // Writes everything queued, waiting as long as the destination makes it wait.
+  void drain() {
+    if (!closed) write_all(fd, std::string_view(bytes).substr(sent));
+    bytes.clear();
+    sent = 0;
+  }
+};
+
+outbox stdout_box{STDOUT_FILENO, {}};
+outbox stderr_box{STDERR_FILENO, {}};
+bool supervising = false;  // set while the poll() loop runs and writes queued output
+
+outbox& box_for(int fd) { return fd == STDOUT_FILENO ? stdout_box : stderr_box; }
+
+// Queues `data` for `fd` and writes what it takes now; outside the loop, writes it all.
+void post(int fd, std::string_view data) {
+  outbox& box = box_for(fd);
+  if (box.closed) return;
+  box.bytes.append(data);
+  if (supervising) {
+    box.write_ready();
+  } else {
+    box.drain();
+  }
+}
+
 void say(std::string_view message) {
   std::string line = "chorus-run: ";
   line += message;
   line += '\n';
-  write_all(STDERR_FILENO, line);
+  post(STDERR_FILENO, line);
 }
 
 [[noreturn]] void usage_error(std::string_view message) {
@@ -271,7 +338,7 @@ options parse_options(int argc, char** argv) {
     } else if (auto rate = value_of(arg, "--link-rate")) {
       opt.link_rate_bits = chorus_run::parse_link_rate(*rate);
       if (!opt.link_rate_bits) {
-        usage_error("--link-rate wants a rate of 1kbit..10tbit with a tc unit, like 500mbit, "
+        usage_error("--link-rate wants a rate of 8kbit..10tbit with a tc unit, like 500mbit, "
                     "2gbit or 100mbps; got '" + *rate + "'");
       }
     } else if (auto n = value_of(arg, "-n")) {
@@ -728,7 +795,7 @@ class launcher {
       batch += '\n';
       s.pending.clear();
     }
-    if (!batch.empty()) write_all(s.dest, batch);
+    if (!batch.empty()) post(s.dest, batch);
   }
 
   // Reads what is available on one stream, at most `reads` buffers of it; closes it at EOF.
@@ -754,7 +821,11 @@ class launcher {
     }
   }
 
+  // At the end: what the stream holds now is read (the rank's last output, held back while
+  // its reader was slow), then it is closed; only a leftover still writing loses output.
   void close_stream(int rank, stream& s) {
+    if (s.fd < 0) return;
+    read_stream(rank, s, 64);
     if (s.fd < 0) return;
     emit(rank, s, {}, true);
     ::close(s.fd);
@@ -849,6 +920,7 @@ class launcher {
   void loop() {
     std::vector<pollfd> fds;
     std::vector<std::pair<int, stream*>> owners;
+    supervising = true;
     for (;;) {
       // A rank may have exited before our SIGCHLD handler saw it (between fork and poll).
       reap();
@@ -880,10 +952,17 @@ class launcher {
       owners.emplace_back(-1, nullptr);
       for (std::size_t r = 0; r < ranks_.size(); ++r) {
         for (stream* s : {&ranks_[r].out, &ranks_[r].err}) {
-          if (s->fd < 0) continue;
+          // Output its reader has not taken yet holds up the rank's stream (the rank then
+          // waits on its own pipe), not the loop, and bounds what is kept here.
+          if (s->fd < 0 || box_for(s->dest).queued() > max_queued) continue;
           fds.push_back({s->fd, POLLIN, 0});
           owners.emplace_back(static_cast<int>(r), s);
         }
+      }
+      const std::size_t boxes_at = fds.size();
+      for (outbox* box : {&stdout_box, &stderr_box}) {
+        // Only while it has output to take: a closed reader's POLLERR would wake poll() at once.
+        fds.push_back({box->queued() > 0 && !box->closed ? box->fd : -1, POLLOUT, 0});
       }
       std::optional<clock_type::time_point> wake;
       auto earliest = [&](const std::optional<clock_type::time_point>& t) {
@@ -904,16 +983,22 @@ class launcher {
         begin_shutdown(1, SIGKILL);
         break;
       }
-      for (std::size_t k = 1; k < fds.size(); ++k) {
+      for (std::size_t k = 1; k < boxes_at; ++k) {
         if (fds[k].revents == 0 || owners[k].second->fd < 0) continue;
         read_stream(owners[k].first, *owners[k].second);
       }
+      if (fds[boxes_at].revents != 0) stdout_box.write_ready();
+      if (fds[boxes_at + 1].revents != 0) stderr_box.write_ready();
       if (fds[0].revents != 0) handle_signal_pipe();
     }
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       close_stream(static_cast<int>(r), ranks_[r].out);
       close_stream(static_cast<int>(r), ranks_[r].err);
     }
+    // The job is over: what is left is written whatever it takes, as any program's output.
+    supervising = false;
+    stdout_box.drain();
+    stderr_box.drain();
     signal_running(SIGKILL);  // anything the ranks left that outlived the SIGTERM
     reap();
   }
