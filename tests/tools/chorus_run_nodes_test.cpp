@@ -198,6 +198,7 @@ TEST_CASE("--nodes with a wrong -n, a bad count or a bad rate is refused with ex
        {"--nodes 1,2 -n 4 true", "--nodes 0 -n 1 true", "--nodes 65 -n 1 true", "--nodes 2 true",
         "--nodes 1,,2 true", "--nodes 1,0 true", "--nodes 2, true", "--nodes 64 -n 17 true",
         "--nodes 2 -n 1 --link-rate fast true", "--nodes 2 -n 1 --link-rate 100 true",
+        "--nodes 2 -n 1 --link-rate 3kbit true",
         "-n 2 --link-rate 2gbit true", "-n 2 --net-stats true", "--nodes 2 -n 1"}) {
     check_usage_error(args);
   }

@@ -192,8 +192,11 @@ std::optional<std::uint64_t> parse_link_rate(std::string_view text) {
   for (const auto& u : units) {
     if (suffix != u.name) continue;
     double bits = value * u.bits;
-    // Below 1 kbit/s a full-size packet takes over 10 s; no veth carries 10 tbit/s.
-    if (!std::isfinite(bits) || bits < 1e3 || bits > 1e13) return std::nullopt;
+    // tc's tbf keeps a burst's sending time in 32 bits of its clock, about 274 s: below
+    // 4 kbit/s the 128 KiB burst (min_burst) wraps (tc showed 27992 bytes at 3 kbit), and tbf
+    // drops every packet larger than that. 8 kbit/s leaves twice the margin. No veth carries
+    // 10 tbit/s.
+    if (!std::isfinite(bits) || bits < 8e3 || bits > 1e13) return std::nullopt;
     return static_cast<std::uint64_t>(std::llround(bits));
   }
   return std::nullopt;
