@@ -545,6 +545,45 @@ TEST_CASE("a split group's rounds wait only for its members, and name a member t
   for (const auto& c : outcomes) check_exited_cleanly(c);
 }
 
+TEST_CASE("two groups' rounds on two threads of each rank both finish, whichever thread waits first") {
+  // Each rank has two views of the job's store (groups g1 and g2 of both ranks), sharing its
+  // one connection, on two threads. Rank 0 enters g1's round first and waits there for rank
+  // 1, whose g1 thread comes 200 ms later; rank 1 enters g2's round first and waits for rank
+  // 0's g2 thread, which also comes later. A wait that held the connection to its end would
+  // keep each rank's late thread from setting the key the other rank waits for, until the
+  // store's timeout (5 s here) failed both.
+  std::uint16_t port = free_port();
+  auto outcomes = run_ranks(iota_ranks(2), [&](int r) {
+    auto job = std::make_shared<chorus::tcp_store>(
+        chorus::tcp_store::connect(rank_info(r, 2, port), {.timeout = 5s}));
+    auto turns = std::make_shared<chorus::detail::store_turns>();
+    chorus::detail::group_store g1(job, turns, "g1/", r, {0, 1});
+    chorus::detail::group_store g2(job, turns, "g2/", r, {0, 1});
+    int failed = 0;
+    std::mutex m;
+    auto round = [&](chorus::detail::group_store& g, const char* name, bool late) {
+      if (late) std::this_thread::sleep_for(200ms);
+      try {
+        auto all = g.all_gather("k", bytes(std::string(name) + " from " + std::to_string(r)));
+        std::lock_guard lk(m);
+        if (all.size() != 2 || text(all[0]) != std::string(name) + " from 0" ||
+            text(all[1]) != std::string(name) + " from 1") {
+          ++failed;
+        }
+      } catch (const chorus::error& e) {
+        std::lock_guard lk(m);
+        std::fprintf(stderr, "rank %d, %s: %s\n", r, name, e.what());
+        ++failed;
+      }
+    };
+    std::thread other([&] { round(g2, "g2", r == 0); });
+    round(g1, "g1", r == 1);
+    other.join();
+    return failed;
+  });
+  for (const auto& c : outcomes) check_exited_cleanly(c);
+}
+
 TEST_CASE("a split group's store errors name its own ranks, in order, and no job rank outside it") {
   // Job ranks 3, 1 and 2 form a group in that order (split's key), its ranks 0, 1 and 2; job
   // rank 0, the store's host, is no member. Job ranks 3 and 1 leave: job rank 2's next round

@@ -301,10 +301,12 @@ TEST_CASE("split makes sub-communicators ranked by key that run beside their par
 }
 
 TEST_CASE("two threads splitting two communicators at once both finish") {
-  // Every split view talks to the job's store over one connection. Here rank 0's first
-  // thread waits in the store for rank 1's key of group a while rank 1's second thread waits
-  // for rank 0's key of group b: each view must give the connection up while it waits, or
-  // neither key is ever set and both waits run to the bootstrap deadline.
+  // Every split view talks to the job's store over one connection, and each rank's two
+  // threads start their splits in a different order. When one thread's set-up waits in the
+  // store for a peer whose other thread holds that peer's connection in a wait of its own,
+  // each view must give the connection up while it waits, or both waits run to the bootstrap
+  // deadline. (Whether the threads meet that way depends on timing; bootstrap_test's
+  // two-groups case sets it up every time.)
   chorus::test::run_options o;
   o.env["CHORUS_BOOTSTRAP_TIMEOUT"] = "20";
   run_ranks(4, [](communicator& comm) {

@@ -131,22 +131,24 @@ class group_store final : public store {
   const std::array<std::byte, 16>& job_id() const noexcept override { return base_->job_id(); }
 
  private:
-  /// get_all on the base (keys and owners in its terms), a slice per turn. A slice starts at
-  /// 20 ms and doubles up to 500 ms while nobody queues for a turn: keys that arrive end a
-  /// slice at once, so slices cost round trips, not latency, and a long wait for a slow rank
-  /// asks the server a few times a second.
+  /// get_all on the base (keys and owners in its terms), a slice per turn. Keys that arrive
+  /// end a slice at once, so the waiting thread loses nothing by slicing; a thread that needs
+  /// the connection meanwhile waits for the slice in progress. Slices start at 20 ms and double
+  /// up to 200 ms while nobody else asks for a turn (a long wait for a slow rank then asks the
+  /// server 5 times a second); once another thread has asked, they stay at 20 ms.
   std::vector<std::vector<std::byte>> in_turns(std::span<const std::string> keys,
                                                std::span<const int> owners) {
     constexpr auto shortest = std::chrono::milliseconds(20);
-    constexpr auto longest = std::chrono::milliseconds(500);
+    constexpr auto longest = std::chrono::milliseconds(200);
     const auto begun = std::chrono::steady_clock::now();
     auto slice = shortest;
+    bool shared = false;  // another thread asked for a turn during this wait
     for (;;) {
       std::lock_guard lk(*lock_);
-      if (lock_->queued()) slice = shortest;
       auto values = in_group_ranks([&] { return base_->get_all_slice(keys, owners, begun, slice); });
       if (values) return std::move(*values);
-      slice = std::min(2 * slice, longest);
+      shared = shared || lock_->queued();
+      slice = shared ? shortest : std::min(2 * slice, longest);
     }
   }
 
