@@ -344,6 +344,8 @@ TEST_CASE("abort() while a send runs: whether the send ends first or not, the pe
       std::vector<float> v(1 << 18, 1.0f);
       comm.barrier();
       if (comm.rank() == 0) {
+        // Rank 1 may still be finishing the barrier: an abort now would fail that instead.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
         std::thread t([&] {
           std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
           comm.abort("rank 0 stops mid-send");
