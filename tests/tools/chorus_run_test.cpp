@@ -271,6 +271,17 @@ TEST_CASE("a reader that stops reading holds up the ranks' output, never the tim
   CHECK(read_file(d + "/early").find("chorus-run: timeout after 1 s, stopping all ranks") != std::string::npos);
 }
 
+TEST_CASE("with stdout and stderr on one slow pipe, the verdict comes after the rank's output, lines whole") {
+  auto r = run_shell(chorus_run() + " -n 1 --no-prefix sh -c 'yes abcdefghij | head -n 300000; exit 3' 2>&1 | "
+                     "{ sleep 2; cat; }");
+  const auto lines = lines_of(r.out);
+  REQUIRE(lines.size() == 300000 + 1);
+  std::size_t whole = 0;
+  for (std::size_t i = 0; i + 1 < lines.size(); ++i) whole += lines[i] == "abcdefghij" ? 1u : 0u;
+  CHECK(whole == 300000);
+  CHECK(lines.back() == "chorus-run: rank 0 exited with status 3");
+}
+
 TEST_CASE("no line is lost when the reader is slower than the ranks") {
   // 2 x 21,000 lines of 100 bytes: more than chorus-run keeps for a reader that lags (4 MiB),
   // so the ranks' last lines wait in their pipes when they exit; they are read at the end.
@@ -284,6 +295,24 @@ TEST_CASE("no line is lost when the reader is slower than the ranks") {
   std::size_t whole = 0;
   for (const auto& l : lines) whole += l.size() == 103 ? 1u : 0u;
   CHECK(whole == lines.size());
+}
+
+TEST_CASE("a chorus-run killed by SIGKILL takes what its ranks started with it") {
+  // The kernel ends each rank's own process with chorus-run (PR_SET_PDEATHSIG); the sleeps
+  // the ranks started ran on until chorus-run's watcher stopped their process groups.
+  scratch_dir dir;
+  const std::string d = dir.path;
+  auto r = run_shell(chorus_run() + " -n 2 sh -c 'sleep 100 & echo $! > " + d +
+                     "/left$CHORUS_RANK; wait' & p=$!; i=0; while [ ! -s " + d + "/left0 ] || [ ! -s " + d +
+                     "/left1 ]; do sleep 0.05; i=$((i+1)); [ $i -gt 400 ] && break; done; kill -KILL $p; wait $p");
+  CHECK(r.exit_code == 128 + SIGKILL);
+  for (const char* name : {"/left0", "/left1"}) {
+    const std::string text = read_file(d + name);
+    REQUIRE_MESSAGE(!text.empty(), "a rank did not say what it started");
+    const auto pid = static_cast<pid_t>(std::stol(text));
+    CHECK_MESSAGE(gone_within(pid, std::chrono::milliseconds(5000)), "pid " << pid << " still runs");
+    ::kill(pid, SIGKILL);  // whatever the outcome, nothing of the test runs on
+  }
 }
 
 TEST_CASE("--timeout no longer applies once every rank has exited") {

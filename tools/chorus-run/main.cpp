@@ -28,8 +28,10 @@
 // signal reaches the rank and everything it started; what a rank leaves running when it
 // ends is stopped when the job ends (SIGTERM once every rank has exited, SIGKILL on the way
 // out), and chorus-run is its subreaper meanwhile. stdout and stderr come back through
-// pipes; a single poll() loop reads them, cuts whole lines and writes each batch of lines with
-// one write(), so lines from different ranks never interleave. Signals (SIGCHLD, SIGINT,
+// pipes; a single poll() loop reads them, cuts whole lines and queues each batch of lines for
+// chorus-run's own stdout or stderr, so lines from different ranks never interleave; a thread
+// writes the queue, so a reader that stops never stops the loop. A watcher
+// process stops the ranks' groups if chorus-run itself is killed. Signals (SIGCHLD, SIGINT,
 // SIGTERM, SIGHUP) are turned into bytes on a self-pipe that the same poll() watches, so the
 // loop never busy-waits and never races a signal.
 //
@@ -41,10 +43,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -58,15 +62,19 @@
 #include <climits>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <chorus/bootstrap/auth.hpp>
@@ -144,66 +152,110 @@ void write_all(int fd, std::string_view data) {
   }
 }
 
-// What chorus-run has yet to write to its stdout or stderr. While the ranks run, bytes are
-// written only as the destination takes them without blocking (the supervisor's poll() loop
-// waits for POLLOUT), so a reader that stops reading holds up the ranks' output, never the
-// timeout, signals or failures. Outside that loop, writes block as usual.
-struct outbox {
-  int fd;
-  std::string bytes;       // bytes[sent..] are still to be written
-  std::size_t sent = 0;
-  bool closed = false;     // the reader went away (EPIPE): what comes is dropped
+// What chorus-run writes to its own stdout or stderr while the ranks run: queued in order
+// and written by a thread of its own. A write blocks as long as its reader makes it (a full
+// pipe, a terminal that stopped, a stalled ssh); only that thread waits, never the poll()
+// loop that supervises the ranks. stdout and stderr have one each, or share one when they are
+// the same file (2>&1), which keeps what goes there in the order it was made. The loop stops
+// reading the ranks' streams to an output while more than max_queued bytes wait for it, so
+// a reader that lags slows the ranks, not chorus-run's memory; the thread wakes the loop when
+// its queue is short again.
+class output_writer {
+ public:
+  // `wake_fd`: where one byte (0) says the queue has room again.
+  void start(int wake_fd) {
+    wake_fd_ = wake_fd;
+    // The signals stay with the loop's thread, whose handlers feed the self-pipe.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, &old);
+    thread_ = std::thread([this] { run(); });
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  bool running() const { return thread_.joinable(); }
+  void post(int fd, std::string_view data) {
+    {
+      std::lock_guard lk(m_);
+      queue_.emplace_back(fd, std::string(data));
+      bytes_ += data.size();
+      over_ = over_ || bytes_ > max_queued;
+    }
+    cv_.notify_one();
+  }
+  std::size_t queued() {
+    std::lock_guard lk(m_);
+    return bytes_;
+  }
+  // Writes everything queued, however long its readers take, then ends the thread.
+  void finish() {
+    if (!running()) return;
+    {
+      std::lock_guard lk(m_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
 
-  std::size_t queued() const { return bytes.size() - sent; }
-
-  // Writes what the destination takes now. One write of at most PIPE_BUF per POLLOUT: a pipe
-  // that polls writable has room for that much, so the write cannot block.
-  void write_ready() {
-    while (queued() > 0 && !closed) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, 0) <= 0 || (p.revents & (POLLOUT | POLLERR | POLLHUP)) == 0) return;
-      const std::size_t chunk = std::min<std::size_t>(queued(), PIPE_BUF);
-      ssize_t n = ::write(fd, bytes.data() + sent, chunk);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        closed = true;  // EPIPE (SIGPIPE is ignored) or another lasting failure
-        break;
+ private:
+  void run() {
+    std::unique_lock lk(m_);
+    for (;;) {
+      cv_.wait(lk, [&] { return done_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto [fd, bytes] = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      write_all(fd, bytes);
+      lk.lock();
+      bytes_ -= bytes.size();
+      if (over_ && bytes_ <= max_queued) {
+        over_ = false;
+        const char room = 0;
+        [[maybe_unused]] ssize_t n = ::write(wake_fd_, &room, 1);
       }
-      sent += static_cast<std::size_t>(n);
-    }
-    if (sent == bytes.size() || closed) {
-      bytes.clear();
-      sent = 0;
-    } else if (sent >= (std::size_t{1} << 20)) {
-      bytes.erase(0, sent);
-      sent = 0;
     }
   }
 
-  // Writes everything queued, waiting as long as the destination makes it wait.
-  void drain() {
-    if (!closed) write_all(fd, std::string_view(bytes).substr(sent));
-    bytes.clear();
-    sent = 0;
-  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::pair<int, std::string>> queue_;
+  std::size_t bytes_ = 0;  // queued, not yet written
+  bool over_ = false;      // bytes_ went over max_queued: the loop waits to be woken
+  bool done_ = false;
+  int wake_fd_ = -1;
+  std::thread thread_;
 };
 
-outbox stdout_box{STDOUT_FILENO, {}};
-outbox stderr_box{STDERR_FILENO, {}};
-bool supervising = false;  // set while the poll() loop runs and writes queued output
+output_writer stdout_writer, stderr_writer;
+bool outputs_shared = false;  // stdout and stderr are one file: stdout_writer writes both
 
-outbox& box_for(int fd) { return fd == STDOUT_FILENO ? stdout_box : stderr_box; }
+output_writer& writer_for(int fd) {
+  return fd == STDERR_FILENO && !outputs_shared ? stderr_writer : stdout_writer;
+}
 
-// Queues `data` for `fd` and writes what it takes now; outside the loop, writes it all.
+// Starts the writers; `wake_fd` as output_writer::start.
+void start_writers(int wake_fd) {
+  struct stat out{}, err{};
+  outputs_shared = ::fstat(STDOUT_FILENO, &out) == 0 && ::fstat(STDERR_FILENO, &err) == 0 &&
+                   out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+  stdout_writer.start(wake_fd);
+  if (!outputs_shared) stderr_writer.start(wake_fd);
+}
+
+// Writes what is queued, however long the readers take, and ends the writers.
+void finish_writers() {
+  stdout_writer.finish();
+  stderr_writer.finish();
+}
+
+// Writes `data` to our stdout or stderr: queued while the writers run, else at once.
 void post(int fd, std::string_view data) {
-  outbox& box = box_for(fd);
-  if (box.closed) return;
-  box.bytes.append(data);
-  if (supervising) {
-    box.write_ready();
+  output_writer& w = writer_for(fd);
+  if (w.running()) {
+    w.post(fd, data);
   } else {
-    box.drain();
+    write_all(fd, data);
   }
 }
 
@@ -431,6 +483,75 @@ extern "C" void on_signal(int sig) {
 
 using chorus_run::handled_signals;
 
+// A child that outlives a SIGKILLed chorus-run to stop its ranks' process groups: the kernel
+// takes each rank's first process with us (PR_SET_PDEATHSIG), and what that started would run
+// on. It learns each group as a rank starts, over a pipe whose end of file is our death, and
+// does nothing when the job ended here (release()).
+class group_watcher {
+ public:
+  // Forks the watcher. Before anything else is open: it keeps only its pipe.
+  void start() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no watcher: PDEATHSIG alone, as before
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[1]);
+      watch(fds[0]);
+    }
+    ::close(fds[0]);
+    if (pid < 0) {
+      ::close(fds[1]);
+      return;
+    }
+    fd_ = fds[1];
+  }
+  // A rank's process group (the rank's pid) to stop if we die.
+  void add(pid_t group) {
+    if (fd_ >= 0) write_all(fd_, std::string_view(reinterpret_cast<const char*>(&group), sizeof group));
+  }
+  // The job ended here: the watcher exits without signalling anyone.
+  void release() {
+    if (fd_ < 0) return;
+    const pid_t none = 0;
+    write_all(fd_, std::string_view(reinterpret_cast<const char*>(&none), sizeof none));
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  [[noreturn]] static void watch(int fd) {
+    // The signals a terminal or scheduler sends to our whole process group are chorus-run's
+    // to handle; this process must outlive it.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
+    ::dup2(fd, 3);
+    ::close_range(4, ~0u, 0);
+    const int devnull = ::open("/dev/null", O_RDWR);
+    for (int std_fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+      if (devnull >= 0) ::dup2(devnull, std_fd);
+    }
+    if (devnull > 3) ::close(devnull);
+    std::vector<pid_t> groups;
+    std::string bytes;
+    char buf[4096];
+    for (;;) {
+      ssize_t n = ::read(3, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      bytes.append(buf, static_cast<std::size_t>(n));
+      for (; bytes.size() >= sizeof(pid_t); bytes.erase(0, sizeof(pid_t))) {
+        pid_t g = 0;
+        std::memcpy(&g, bytes.data(), sizeof g);
+        if (g == 0) ::_exit(0);  // released
+        groups.push_back(g);
+      }
+    }
+    for (pid_t g : groups) ::kill(-g, SIGKILL);
+    ::_exit(0);
+  }
+
+  int fd_ = -1;  // our end; -1 without a watcher
+};
+
 struct stream {
   int fd = -1;    // read end of the rank's pipe; -1 once at EOF
   int dest = -1;  // STDOUT_FILENO or STDERR_FILENO
@@ -489,6 +610,7 @@ class launcher {
   }
 
   int run() {
+    watcher_.start();
     setup();
     if (!opt_.node_sizes.empty()) {
       if (auto failed = build_network()) return *failed;
@@ -496,6 +618,7 @@ class launcher {
     start_clock();
     spawn_all();
     loop();
+    watcher_.release();
     if (network_) finish_network();
     return exit_code_;
   }
@@ -709,6 +832,7 @@ class launcher {
     }
     rank.pid = pid;
     rank.running = true;
+    watcher_.add(pid);
     rank.out = stream{out[0], STDOUT_FILENO, {}};
     rank.err = stream{err[0], STDERR_FILENO, {}};
     ::fcntl(out[0], F_SETFL, O_NONBLOCK);
@@ -821,8 +945,8 @@ class launcher {
     }
   }
 
-  // At the end: what the stream holds now is read (the rank's last output, held back while
-  // its reader was slow), then it is closed; only a leftover still writing loses output.
+  // At the end, once everything the ranks started is killed: what the stream still holds is
+  // read (the rank's last output, held back while its reader was slow), then it is closed.
   void close_stream(int rank, stream& s) {
     if (s.fd < 0) return;
     read_stream(rank, s, 64);
@@ -907,6 +1031,7 @@ class launcher {
       if (n <= 0) return;
       bool child = false;
       for (ssize_t k = 0; k < n; ++k) {
+        if (sigs[k] == 0) continue;  // the output writer has room again: the loop polls anew
         if (sigs[k] == SIGCHLD) {
           child = true;
         } else {
@@ -920,7 +1045,7 @@ class launcher {
   void loop() {
     std::vector<pollfd> fds;
     std::vector<std::pair<int, stream*>> owners;
-    supervising = true;
+    start_writers(signal_pipe_write);
     for (;;) {
       // A rank may have exited before our SIGCHLD handler saw it (between fork and poll).
       reap();
@@ -954,15 +1079,10 @@ class launcher {
         for (stream* s : {&ranks_[r].out, &ranks_[r].err}) {
           // Output its reader has not taken yet holds up the rank's stream (the rank then
           // waits on its own pipe), not the loop, and bounds what is kept here.
-          if (s->fd < 0 || box_for(s->dest).queued() > max_queued) continue;
+          if (s->fd < 0 || writer_for(s->dest).queued() > max_queued) continue;
           fds.push_back({s->fd, POLLIN, 0});
           owners.emplace_back(static_cast<int>(r), s);
         }
-      }
-      const std::size_t boxes_at = fds.size();
-      for (outbox* box : {&stdout_box, &stderr_box}) {
-        // Only while it has output to take: a closed reader's POLLERR would wake poll() at once.
-        fds.push_back({box->queued() > 0 && !box->closed ? box->fd : -1, POLLOUT, 0});
       }
       std::optional<clock_type::time_point> wake;
       auto earliest = [&](const std::optional<clock_type::time_point>& t) {
@@ -983,27 +1103,26 @@ class launcher {
         begin_shutdown(1, SIGKILL);
         break;
       }
-      for (std::size_t k = 1; k < boxes_at; ++k) {
+      for (std::size_t k = 1; k < fds.size(); ++k) {
         if (fds[k].revents == 0 || owners[k].second->fd < 0) continue;
-        read_stream(owners[k].first, *owners[k].second);
+        stream& s = *owners[k].second;
+        if (writer_for(s.dest).queued() > max_queued) continue;  // it waits for its reader
+        read_stream(owners[k].first, s);
       }
-      if (fds[boxes_at].revents != 0) stdout_box.write_ready();
-      if (fds[boxes_at + 1].revents != 0) stderr_box.write_ready();
       if (fds[0].revents != 0) handle_signal_pipe();
     }
+    signal_running(SIGKILL);  // anything the ranks left that outlived the SIGTERM
+    reap();
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       close_stream(static_cast<int>(r), ranks_[r].out);
       close_stream(static_cast<int>(r), ranks_[r].err);
     }
     // The job is over: what is left is written whatever it takes, as any program's output.
-    supervising = false;
-    stdout_box.drain();
-    stderr_box.drain();
-    signal_running(SIGKILL);  // anything the ranks left that outlived the SIGTERM
-    reap();
+    finish_writers();
   }
 
   options opt_;
+  group_watcher watcher_;
   std::vector<rank_place> places_;  // by rank
   std::vector<int> cpus_;            // --bind: the CPUs we may use, dealt out in blocks
   std::optional<chorus_run::emulated_network> network_;  // with --nodes, while it exists
