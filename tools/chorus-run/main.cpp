@@ -485,8 +485,9 @@ using chorus_run::handled_signals;
 
 // A child that outlives a SIGKILLed chorus-run to stop its ranks' process groups: the kernel
 // takes each rank's first process with us (PR_SET_PDEATHSIG), and what that started would run
-// on. It learns each group as a rank starts, over a pipe whose end of file is our death, and
-// does nothing when the job ended here (release()).
+// on. It learns each group as a rank starts, and forgets it once the group is found empty
+// (its id may then be reused by strangers), over a pipe whose end of file is our death; it
+// does nothing when the job's groups were stopped here (release()).
 class group_watcher {
  public:
   // Forks the watcher. Before anything else is open: it keeps only its pipe.
@@ -506,19 +507,23 @@ class group_watcher {
     fd_ = fds[1];
   }
   // A rank's process group (the rank's pid) to stop if we die.
-  void add(pid_t group) {
-    if (fd_ >= 0) write_all(fd_, std::string_view(reinterpret_cast<const char*>(&group), sizeof group));
-  }
-  // The job ended here: the watcher exits without signalling anyone.
+  void add(pid_t group) { tell(group); }
+  // A group found empty: not to be signalled.
+  void forget(pid_t group) { tell(-group); }
+  // The job's groups were stopped here: the watcher exits without signalling anyone.
   void release() {
     if (fd_ < 0) return;
-    const pid_t none = 0;
-    write_all(fd_, std::string_view(reinterpret_cast<const char*>(&none), sizeof none));
+    tell(0);
     ::close(fd_);
     fd_ = -1;
   }
 
  private:
+  // One message: a group (> 0), a group to forget (< 0), or release (0).
+  void tell(pid_t message) {
+    if (fd_ >= 0) write_all(fd_, std::string_view(reinterpret_cast<const char*>(&message), sizeof message));
+  }
+
   [[noreturn]] static void watch(int fd) {
     // The signals a terminal or scheduler sends to our whole process group are chorus-run's
     // to handle; this process must outlive it.
@@ -542,7 +547,11 @@ class group_watcher {
         pid_t g = 0;
         std::memcpy(&g, bytes.data(), sizeof g);
         if (g == 0) ::_exit(0);  // released
-        groups.push_back(g);
+        if (g > 0) {
+          groups.push_back(g);
+        } else {
+          groups.erase(std::remove(groups.begin(), groups.end(), -g), groups.end());
+        }
       }
     }
     for (pid_t g : groups) ::kill(-g, SIGKILL);
@@ -618,8 +627,11 @@ class launcher {
     start_clock();
     spawn_all();
     loop();
-    watcher_.release();
     if (network_) finish_network();
+    // The job is over: what is left is written whatever it takes, as any program's output,
+    // and a signal now takes its default action (nothing is left to forward it to).
+    for (int sig : handled_signals) ::signal(sig, SIG_DFL);
+    finish_writers();
     return exit_code_;
   }
 
@@ -850,6 +862,7 @@ class launcher {
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
       rank.running = false;
+      forget_group(rank);  // it never ran the program: nothing of it is left
       if (failure.bind) {
         say("rank " + std::to_string(r) + " cannot be bound to its CPU (sched_setaffinity): " +
             std::strerror(failure.err));
@@ -882,8 +895,14 @@ class launcher {
   void signal_running(int sig) {
     for (auto& r : ranks_) {
       if (r.pid <= 0 || !r.group_left) continue;
-      if (::kill(-r.pid, sig) != 0 && errno == ESRCH && !r.running) r.group_left = false;
+      if (::kill(-r.pid, sig) != 0 && errno == ESRCH && !r.running) forget_group(r);
     }
+  }
+
+  // A reaped rank's process group found empty: its id is free for others from now on.
+  void forget_group(rank_process& r) {
+    r.group_left = false;
+    watcher_.forget(r.pid);
   }
 
   // Stops the remaining ranks: SIGTERM now, SIGKILL after kill_grace. The first cause wins
@@ -968,6 +987,7 @@ class launcher {
         auto& rank = ranks_[r];
         if (rank.pid != pid || !rank.running) continue;
         rank.running = false;
+        if (::kill(-pid, 0) != 0 && errno == ESRCH) forget_group(rank);  // it left nothing
         // Print what the rank wrote before it died ahead of our verdict on it (its pipes hold
         // 64 KiB each; more may come from what it started, read in turn by the loop).
         int ri = static_cast<int>(r);
@@ -1113,12 +1133,11 @@ class launcher {
     }
     signal_running(SIGKILL);  // anything the ranks left that outlived the SIGTERM
     reap();
+    watcher_.release();
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       close_stream(static_cast<int>(r), ranks_[r].out);
       close_stream(static_cast<int>(r), ranks_[r].err);
     }
-    // The job is over: what is left is written whatever it takes, as any program's output.
-    finish_writers();
   }
 
   options opt_;
@@ -1144,6 +1163,17 @@ class launcher {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed stdin, stdout or stderr is /dev/null: else the next pipe would take its number,
+  // and output meant for stdout would go into it.
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int null = ::open("/dev/null", O_RDWR);
+      if (null >= 0 && null != fd) {
+        ::dup2(null, fd);
+        ::close(null);
+      }
+    }
+  }
   options opt = parse_options(argc, argv);
   return launcher(std::move(opt)).run();
 }
