@@ -14,7 +14,6 @@
 #include <type_traits>
 
 #include "chorus/bootstrap/env.hpp"
-#include "chorus/bootstrap/detail/group_store.hpp"
 #include "chorus/bootstrap/store.hpp"
 #include "chorus/bootstrap/topology.hpp"
 #include "chorus/collectives.hpp"
@@ -25,6 +24,10 @@
 #include "chorus/types.hpp"
 
 namespace chorus {
+
+namespace detail {
+class store_turns;  // bootstrap/detail/group_store.hpp
+}
 
 /// Options of a communicator. from_env() reads the CHORUS_* variables named per field.
 struct communicator_options {

@@ -59,7 +59,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
@@ -173,11 +172,11 @@ class output_writer {
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
   bool running() const { return thread_.joinable(); }
-  void post(int fd, std::string_view data) {
+  void post(int fd, std::string data) {
     {
       std::lock_guard lk(m_);
-      queue_.emplace_back(fd, std::string(data));
       bytes_ += data.size();
+      queue_.emplace_back(fd, std::move(data));
       over_ = over_ || bytes_ > max_queued;
     }
     cv_.notify_one();
@@ -250,10 +249,10 @@ void finish_writers() {
 }
 
 // Writes `data` to our stdout or stderr: queued while the writers run, else at once.
-void post(int fd, std::string_view data) {
+void post(int fd, std::string data) {
   output_writer& w = writer_for(fd);
   if (w.running()) {
-    w.post(fd, data);
+    w.post(fd, std::move(data));
   } else {
     write_all(fd, data);
   }
@@ -263,7 +262,7 @@ void say(std::string_view message) {
   std::string line = "chorus-run: ";
   line += message;
   line += '\n';
-  post(STDERR_FILENO, line);
+  post(STDERR_FILENO, std::move(line));
 }
 
 [[noreturn]] void usage_error(std::string_view message) {
@@ -938,7 +937,7 @@ class launcher {
       batch += '\n';
       s.pending.clear();
     }
-    if (!batch.empty()) post(s.dest, batch);
+    if (!batch.empty()) post(s.dest, std::move(batch));
   }
 
   // Reads what is available on one stream, at most `reads` buffers of it; closes it at EOF.

@@ -20,7 +20,6 @@ namespace chorus {
 
 namespace detail {
 class store_server;
-struct store_get_all_request;
 }
 
 /// How the store waits. Every field has a visible default.
@@ -196,8 +195,6 @@ class tcp_store final : public store {
  private:
   struct state;
   explicit tcp_store(std::unique_ptr<state> s) noexcept;
-  detail::store_get_all_request checked_get_all(std::span<const std::string> keys,
-                                                std::span<const int> owners) const;
   std::unique_ptr<state> state_;
 };
 

@@ -518,17 +518,16 @@ inline std::int64_t tcp_store::add(std::string_view key, std::int64_t delta) {
   return r.header.arg;
 }
 
-namespace detail {
-/// get_all's request, checked: its keys, their owners on the wire, and its name in messages.
-struct store_get_all_request {
-  std::vector<std::string> keys;
-  std::vector<std::uint32_t> owners;
-  std::string what;
-};
-}  // namespace detail
+inline std::vector<std::vector<std::byte>> tcp_store::get_all(std::span<const std::string> keys,
+                                                              std::span<const int> owners) {
+  // One slice as long as the timeout ends at the wait's deadline: it returns the values or
+  // throws, never std::nullopt.
+  return std::move(*get_all_slice(keys, owners, detail::store_clock::now(), state_->options.timeout));
+}
 
-inline detail::store_get_all_request tcp_store::checked_get_all(std::span<const std::string> keys,
-                                                               std::span<const int> owners) const {
+inline std::optional<std::vector<std::vector<std::byte>>> tcp_store::get_all_slice(
+    std::span<const std::string> keys, std::span<const int> owners,
+    std::chrono::steady_clock::time_point begun, std::chrono::milliseconds slice) {
   using namespace detail;
   if (keys.empty() || keys.size() != owners.size()) {
     state_->fail(errc::invalid_argument,
@@ -556,29 +555,13 @@ inline detail::store_get_all_request tcp_store::checked_get_all(std::span<const 
   }
   std::string what = "get_all of " + store_key_text(list.front()) +
                      (list.size() > 1 ? " and " + std::to_string(list.size() - 1) + " more" : "");
-  return {std::move(list), std::move(owner_of), std::move(what)};
-}
-
-inline std::vector<std::vector<std::byte>> tcp_store::get_all(std::span<const std::string> keys,
-                                                              std::span<const int> owners) {
-  auto req = checked_get_all(keys, owners);
-  return state_->wait_for(req.keys, req.owners,
-                          detail::store_clock::now() + state_->options.timeout, "get_all", req.what);
-}
-
-inline std::optional<std::vector<std::vector<std::byte>>> tcp_store::get_all_slice(
-    std::span<const std::string> keys, std::span<const int> owners,
-    std::chrono::steady_clock::time_point begun, std::chrono::milliseconds slice) {
-  using namespace detail;
-  auto req = checked_get_all(keys, owners);
   const auto deadline = begun + state_->options.timeout;
-  const auto now = store_clock::now();
-  const auto end = std::min(deadline, now + std::max(slice, std::chrono::milliseconds(1)));
+  const auto end = std::min(deadline, store_clock::now() + std::max(slice, std::chrono::milliseconds(1)));
   std::vector<std::size_t> missing;
   bool left = false;
-  auto values = state_->get_many(req.keys, req.owners, end, req.what, missing, left);
+  auto values = state_->get_many(list, owner_of, end, what, missing, left);
   if (missing.empty()) return values;
-  if (left || end >= deadline) state_->blame(req.keys, req.owners, missing, left, "get_all", req.what);
+  if (left || end >= deadline) state_->blame(list, owner_of, missing, left, "get_all", what);
   return std::nullopt;
 }
 
