@@ -4,6 +4,12 @@
 // its node off the network, in its own namespace, the way MODE says:
 //   drop    iptables DROP of everything in and out of the node's interface (a blackhole)
 //   reject  iptables REJECT of the same (TCP resets, ICMP port unreachable)
+//   tcpdrop iptables DROP of TCP only: heartbeats (UDP) still pass, so only the TCP
+//           transport's own judgement of its links can find the cut
+//   tcpdrop-window  the same, once the last node's ranks have left a 32 MiB all_reduce
+//           unread for 1.5 s (the windows toward them closed), and they stay asleep 8 s
+//           more: they send nothing, and only unanswered window probes can tell the cut
+//           (run it with small socket buffers and the ring, so that the windows close)
 //   down    ip link set dev IFACE down
 //   tbf     tc tbf on the interface at 8 kbit/s with a 3 KB queue: the link is up, but the
 //           node's data and heartbeats mostly drop
@@ -18,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -38,13 +45,14 @@ int shell(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: cut_rank drop|reject|down|tbf [CUT_AFTER]\n");
+    std::fprintf(stderr, "usage: cut_rank drop|reject|tcpdrop|tcpdrop-window|down|tbf [CUT_AFTER]\n");
     return 2;
   }
   const std::string mode = argv[1];
   const int cut_after = argc > 2 ? std::atoi(argv[2]) : 20;
   const char* ifname = std::getenv("CHORUS_SOCKET_IFNAME");
-  if (ifname == nullptr || (mode != "drop" && mode != "reject" && mode != "down" && mode != "tbf")) {
+  if (ifname == nullptr || (mode != "drop" && mode != "reject" && mode != "tcpdrop" && mode != "tcpdrop-window" &&
+                             mode != "down" && mode != "tbf")) {
     std::fprintf(stderr, "cut_rank: needs CHORUS_SOCKET_IFNAME (chorus-run --nodes) and a mode\n");
     return 2;
   }
@@ -53,9 +61,12 @@ int main(int argc, char** argv) {
     auto comm = chorus::communicator::from_env<chorus::auto_transport>();
     const bool cutter = comm.node() == comm.nodes() - 1 && comm.local_rank() == 0;
     // Every rank prints its own clock; the test subtracts the cutter's.
-    std::vector<float> v(1 << 14, 1.0f);
+    const bool window = mode == "tcpdrop-window";
+    std::vector<float> v(window ? 1 << 23 : 1 << 14, 1.0f);
     long long cut_at = 0;
     for (int i = 0;; ++i) {
+      const bool sleeper = window && i == cut_after && comm.node() == comm.nodes() - 1;
+      if (sleeper) std::this_thread::sleep_for(std::chrono::milliseconds(cutter ? 1500 : 1600));
       if (cutter && i == cut_after) {
         cut_at = now_us();
         int rc = 0;
@@ -63,6 +74,9 @@ int main(int argc, char** argv) {
           const std::string target = mode == "drop" ? "DROP" : "REJECT";
           rc |= shell("iptables -I INPUT -i " + dev + " -j " + target);
           rc |= shell("iptables -I OUTPUT -o " + dev + " -j " + target);
+        } else if (mode == "tcpdrop" || window) {
+          rc |= shell("iptables -I INPUT -i " + dev + " -p tcp -j DROP");
+          rc |= shell("iptables -I OUTPUT -o " + dev + " -p tcp -j DROP");
         } else if (mode == "tbf") {
           rc |= shell("tc qdisc replace dev " + dev + " root tbf rate 8kbit burst 1600 limit 3000");
         } else {
@@ -72,6 +86,7 @@ int main(int argc, char** argv) {
         std::printf("cut at %lld\n", cut_at);
         std::fflush(stdout);
       }
+      if (sleeper) std::this_thread::sleep_for(std::chrono::seconds(8));
       try {
         comm.all_reduce(std::span(v));
       } catch (const chorus::error& e) {

@@ -288,6 +288,53 @@ TEST_CASE("a stall shorter than half the heartbeat timeout fails nothing") {
       o);
 }
 
+TEST_CASE("a receive posted long after the heartbeat timeout: the sender waits for it, nothing fails") {
+  // A rank that is up but reads late (pipeline stages, a slow step) is not a dead peer. Over
+  // TCP its kernel closes its window once its buffers fill, and the sender's kernel probes
+  // it; with TCP_USER_TIMEOUT at the heartbeat timeout Linux reset such a connection after
+  // 1-3 s here, and both ranks failed.
+  const char* transport = std::getenv("CHORUS_TRANSPORT");
+  if (transport == nullptr || std::string(transport) != "tcp") {
+    MESSAGE("skipped: TCP only");
+    return;
+  }
+  for (const char* sealed : {"off", "aes-gcm"}) {
+    CAPTURE(sealed);
+    test::run_options o;
+    o.env = quick_heartbeat;  // timeout 1 s
+    // Socket buffers of 2 MiB each way (the kernel doubles what is asked), one connection.
+    o.env["CHORUS_TCP_BUFFER"] = "1048576";
+    o.env["CHORUS_TCP_CONNS"] = "1";
+    o.env["CHORUS_ENCRYPT"] = sealed;
+    run_ranks(
+        2,
+        [](communicator& comm) {
+          // 1. 32 MiB: the sender waits inside send() for the receiver.
+          // 2. 3 MiB: more than the receiver's buffer, less than both: the send completes with
+          //    its tail in the sender's kernel, and the sender sleeps outside chorus while the
+          //    receiver's window stays closed (with the old socket options this case failed
+          //    both ranks, the sender in its next call).
+          for (const std::size_t count : {std::size_t{8} << 20, std::size_t{3} << 18}) {
+            std::vector<float> v(count);
+            if (comm.rank() == 0) {
+              for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(i % 4093);
+              comm.send(std::span<const float>(v), 1);
+              std::this_thread::sleep_for(std::chrono::seconds(2));
+            } else {
+              std::this_thread::sleep_for(std::chrono::seconds(3));
+              comm.recv(std::span(v), 0);
+              bool same = true;
+              for (std::size_t i = 0; i < count; ++i) same = same && v[i] == static_cast<float>(i % 4093);
+              RANK_CHECK(same);
+            }
+            comm.barrier();
+          }
+          RANK_CHECK(comm.failed_ranks().empty());
+        },
+        o);
+  }
+}
+
 TEST_CASE("abort() from another thread fails the call in flight here and the peers' at once") {
   run_ranks(4, [](communicator& comm) {
     std::vector<float> v(1 << 16, 1.0f);

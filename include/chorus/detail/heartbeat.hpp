@@ -38,7 +38,8 @@ struct heartbeat_options {
   std::chrono::milliseconds period{500};
   /// CHORUS_HEARTBEAT_TIMEOUT (seconds): a peer unheard from for this long is failed, and
   /// every operation that involves it fails with errc::peer_failed naming it. At least twice
-  /// the period. Data sockets use it as their TCP_USER_TIMEOUT.
+  /// the period. The TCP transport also fails a connection whose peer's host has not
+  /// answered for this long (tcp_connection::check_link).
   std::chrono::milliseconds timeout{10000};
   /// CHORUS_SOCKET_IFNAME: the interface to bind (empty: the one that reaches the master).
   std::string ifname;

@@ -42,11 +42,13 @@ struct tcp_options {
   int rto_min_us = 0;         ///< CHORUS_TCP_RTO_MIN_US, minimum retransmission timeout; 0 keeps the system's
   std::string congestion;     ///< CHORUS_TCP_CONGESTION, e.g. "cubic"; empty keeps the system's
   std::chrono::milliseconds connect_timeout{120000};  ///< CHORUS_BOOTSTRAP_TIMEOUT (seconds)
-  /// CHORUS_HEARTBEAT_TIMEOUT (seconds): every data socket's TCP_USER_TIMEOUT (data unacked
-  /// this long fails the connection: a dead link) and its keepalive, which probes an idle
-  /// connection after a third of it, so that a peer behind a dead link is noticed without
-  /// data in flight too.
-  std::chrono::milliseconds user_timeout{10000};
+  /// CHORUS_HEARTBEAT_TIMEOUT (seconds): how long a peer's host may leave our bytes
+  /// unacknowledged and the kernel's resends or probes unanswered before the connection
+  /// fails (a dead link; tcp_connection::check_link), and the keepalive of every data socket,
+  /// which probes an idle connection after a third of it and gives up at the timeout, so
+  /// that a peer behind a dead link is noticed without data in flight too. A peer that is
+  /// up but reads late is waited for.
+  std::chrono::milliseconds link_timeout{10000};
   /// CHORUS_ENCRYPT=aes-gcm: seal every byte of the data connections with AES-256-GCM under
   /// per-connection keys from the handshake (confidentiality and integrity on an untrusted
   /// network, at a bandwidth cost bench/compare measures). "off" (the default) sends frames
@@ -61,7 +63,7 @@ struct tcp_options {
     o.rto_min_us = env_int("CHORUS_TCP_RTO_MIN_US", o.rto_min_us, 0, 200000);
     if (const char* v = std::getenv("CHORUS_TCP_CONGESTION"); v && *v) o.congestion = v;
     o.connect_timeout = env_seconds("CHORUS_BOOTSTRAP_TIMEOUT", o.connect_timeout);
-    o.user_timeout = env_seconds("CHORUS_HEARTBEAT_TIMEOUT", o.user_timeout);
+    o.link_timeout = env_seconds("CHORUS_HEARTBEAT_TIMEOUT", o.link_timeout);
     if (const char* v = std::getenv("CHORUS_ENCRYPT"); v && *v) {
       const std::string_view mode = v;
       if (mode != "off" && mode != "aes-gcm") {
@@ -146,6 +148,17 @@ class tcp_transport {
     // Sleep at most 100 ms so that callers can notice abort flags and deadlines.
     const long long ms = std::clamp<long long>(left.count() + 1, 0, 100);
     poll_events(static_cast<int>(ms));
+    // Nothing moved for a while, perhaps for want of a peer's answer: judge the links,
+    // eight times per timeout, 10 to 250 ms apart (two system calls a connection).
+    const auto now = clock::now();
+    if (now >= next_link_check_) {
+      const auto every = std::clamp<clock::duration>(opts_.link_timeout / 8, std::chrono::milliseconds(10),
+                                                     std::chrono::milliseconds(250));
+      next_link_check_ = now + every;
+      for (auto& c : conns_) {
+        if (c) c->check_link(opts_.link_timeout);
+      }
+    }
   }
 
   /// This rank's recent calls, against which every connection reads leftover frames and peers'
@@ -211,6 +224,7 @@ class tcp_transport {
   // conns_[peer * conns + k]; null for ourselves. unique_ptr: epoll holds their addresses.
   std::vector<std::unique_ptr<detail::tcp_connection>> conns_;
   std::vector<std::uint64_t> send_seq_, recv_seq_;
+  clock::time_point next_link_check_{};
 };
 
 static_assert(transport<tcp_transport>);

@@ -2,13 +2,16 @@
 // One TCP connection to a peer: queued frames out, posted frames in, few system calls.
 #pragma once
 
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <deque>
@@ -196,6 +199,51 @@ class tcp_connection {
       if (!rxq_.empty()) throw lost("recv from");
     }
     return moved;
+  }
+
+  /// Judges the link while the kernel holds bytes of ours that the peer has not
+  /// acknowledged (tcp_transport::wait calls it every so often), from what the kernel
+  /// knows (TCP_INFO), and throws errc::connection_lost when the peer's host has not
+  /// answered for `timeout`:
+  ///  - segments in flight: the kernel sends the oldest again at doubling intervals (also
+  ///    as the probe of a window the peer closed), and a host that is up answers each
+  ///    within a round trip. Dead: nothing heard for `timeout`, and nothing since the
+  ///    latest resend either, for longer than an acknowledgement may be delayed.
+  ///  - none in flight, bytes queued (the peer's window closed: its process has not read
+  ///    yet, which may rightly last any time, a receive posted late): the kernel probes the
+  ///    window, 0.2 s after it closed and then at doubling intervals up to 2 minutes, and
+  ///    a host answers each probe while it is up, reading or not, at most one every 0.5 s
+  ///    (net.ipv4.tcp_invalid_ratelimit), so one of the first may go unanswered. Dead: two
+  ///    unanswered in a row, and nothing heard for `timeout`. Later in a long wait the
+  ///    probes are minutes apart, and so is the verdict.
+  /// TCP_USER_TIMEOUT is not used: Linux applies it to a closed window too, and failed a
+  /// live peer that posted its receive of 64 MiB 15 s after the send.
+  void check_link(std::chrono::milliseconds timeout) {
+    if (closed_) return;
+    int queued = 0;
+    if (::ioctl(fd_.get(), SIOCOUTQ, &queued) != 0 || queued <= 0) return;
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return;
+    using ms = std::chrono::milliseconds;
+    const ms heard(info.tcpi_last_ack_recv);  // since the peer's last acknowledgement
+    if (heard < timeout) return;
+    std::string why;
+    if (info.tcpi_unacked > 0) {
+      const ms resent(info.tcpi_last_data_sent);  // since our latest segment, new or sent again
+      constexpr ms delayed_ack(500);             // the most RFC 1122 lets a receiver wait
+      if (resent >= heard || resent < delayed_ack) return;
+      why = "the latest resend unanswered for " + std::to_string(resent.count()) + " ms";
+    } else {
+      if (info.tcpi_probes < 2) return;
+      why = std::to_string(info.tcpi_probes) + " probes unanswered";
+    }
+    closed_ = true;
+    throw error(errc::connection_lost,
+                "connection lost: send to rank " + std::to_string(peer_) + ": its host has not answered for " +
+                    std::to_string(heard.count()) + " ms (" + why + ", " + std::to_string(queued) +
+                    " bytes queued): it or the link to it is down",
+                {peer_}, std::nullopt, "send to");
   }
 
   /// Best effort, bounded: if no frame is half-sent, send an abort frame carrying `text` and

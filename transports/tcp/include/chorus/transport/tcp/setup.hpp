@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <cstdio>
 #include <exception>
 #include <future>
@@ -27,13 +26,18 @@ namespace detail {
 
 inline void tune_socket(int fd, const tcp_options& o) {
   set_int_option(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)");
-  const auto user_ms = static_cast<int>(std::clamp<long long>(o.user_timeout.count(), 1, INT_MAX));
-  set_int_option(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, user_ms, "setsockopt(TCP_USER_TIMEOUT)");
+  // No TCP_USER_TIMEOUT: Linux applies it to a peer's closed window as well, failing a peer
+  // that is up but posts its receive late. The transport judges its links itself
+  // (tcp_connection::check_link); keepalive covers idle connections, giving up after
+  // about the same time: idle a third of it, then probes a ninth apart.
+  const auto link_s = static_cast<int>(std::clamp<long long>(o.link_timeout.count() / 1000, 1, 86400));
+  const int idle_s = std::max(1, link_s / 3);
+  const int interval_s = std::max(1, idle_s / 3);
   set_int_option(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "setsockopt(SO_KEEPALIVE)");
-  const int idle_s = std::max(1, user_ms / 3000);
   set_int_option(fd, IPPROTO_TCP, TCP_KEEPIDLE, idle_s, "setsockopt(TCP_KEEPIDLE)");
-  set_int_option(fd, IPPROTO_TCP, TCP_KEEPINTVL, std::max(1, idle_s / 3), "setsockopt(TCP_KEEPINTVL)");
-  set_int_option(fd, IPPROTO_TCP, TCP_KEEPCNT, 3, "setsockopt(TCP_KEEPCNT)");
+  set_int_option(fd, IPPROTO_TCP, TCP_KEEPINTVL, interval_s, "setsockopt(TCP_KEEPINTVL)");
+  set_int_option(fd, IPPROTO_TCP, TCP_KEEPCNT, std::max(1, (link_s - idle_s + interval_s - 1) / interval_s),
+                 "setsockopt(TCP_KEEPCNT)");
   if (o.rto_min_us > 0) {
     // Linux >= 6.15 lets a socket lower its minimum retransmission timeout (200 ms by
     // default, a WAN-sized number). Loopback and datacenter links reorder packets now and
