@@ -45,9 +45,9 @@ struct tcp_options {
   /// CHORUS_HEARTBEAT_TIMEOUT (seconds): how long a peer's host may leave our bytes
   /// unacknowledged and the kernel's resends or probes unanswered before the connection
   /// fails (a dead link; tcp_connection::check_link), and the keepalive of every data socket,
-  /// which probes an idle connection after a third of it and gives up at the timeout, so
-  /// that a peer behind a dead link is noticed without data in flight too. A peer that is
-  /// up but reads late is waited for.
+  /// which probes an idle connection after a third of it and gives up at about the timeout
+  /// (whole seconds, at least 2), so that a peer behind a dead link is noticed without data
+  /// in flight too. A peer that is up but reads late is waited for.
   std::chrono::milliseconds link_timeout{10000};
   /// CHORUS_ENCRYPT=aes-gcm: seal every byte of the data connections with AES-256-GCM under
   /// per-connection keys from the handshake (confidentiality and integrity on an untrusted
@@ -156,7 +156,7 @@ class tcp_transport {
                                                      std::chrono::milliseconds(250));
       next_link_check_ = now + every;
       for (auto& c : conns_) {
-        if (c) c->check_link(opts_.link_timeout);
+        if (c) c->check_link(now, opts_.link_timeout);
       }
     }
   }

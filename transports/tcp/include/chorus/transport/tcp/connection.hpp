@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -203,22 +204,21 @@ class tcp_connection {
 
   /// Judges the link while the kernel holds bytes of ours that the peer has not
   /// acknowledged (tcp_transport::wait calls it every so often), from what the kernel
-  /// knows (TCP_INFO), and throws errc::connection_lost when the peer's host has not
-  /// answered for `timeout`:
-  ///  - segments in flight: the kernel sends the oldest again at doubling intervals (also
-  ///    as the probe of a window the peer closed), and a host that is up answers each
-  ///    within a round trip. Dead: nothing heard for `timeout`, and nothing since the
-  ///    latest resend either, for longer than an acknowledgement may be delayed.
-  ///  - none in flight, bytes queued (the peer's window closed: its process has not read
-  ///    yet, which may rightly last any time, a receive posted late): the kernel probes the
-  ///    window, 0.2 s after it closed and then at doubling intervals up to 2 minutes, and
-  ///    a host answers each probe while it is up, reading or not, at most one every 0.5 s
-  ///    (net.ipv4.tcp_invalid_ratelimit), so one of the first may go unanswered. Dead: two
-  ///    unanswered in a row, and nothing heard for `timeout`. Later in a long wait the
-  ///    probes are minutes apart, and so is the verdict.
+  /// knows (TCP_INFO), and throws errc::connection_lost when the peer's host has stopped
+  /// answering. A host answers the kernel's resends of our oldest segment and its probes of
+  /// a closed window (sent at doubling intervals, from 0.2 s up to 2 minutes) within a round
+  /// trip, as long as it is up, whether its process reads or not: a window stays closed as
+  /// long as the receive is not posted, which may rightly be any time. Some go unanswered
+  /// all the same: one may be lost, and a host answers window probes at most every 0.5 s
+  /// (net.ipv4.tcp_invalid_ratelimit), so the second of a closed window is not. Dead:
+  /// nothing heard for `timeout`, and since then
+  ///  - segments in flight: two of our transmissions seen unanswered, the latest for longer
+  ///    than a round trip and a delayed acknowledgement may take (0.5 s);
+  ///  - a closed window: three probes unanswered, the latest for 0.5 s.
+  /// Behind a window closed for long the probes are minutes apart, and so is the verdict.
   /// TCP_USER_TIMEOUT is not used: Linux applies it to a closed window too, and failed a
   /// live peer that posted its receive of 64 MiB 15 s after the send.
-  void check_link(std::chrono::milliseconds timeout) {
+  void check_link(clock::time_point now, std::chrono::milliseconds timeout) {
     if (closed_) return;
     int queued = 0;
     if (::ioctl(fd_.get(), SIOCOUTQ, &queued) != 0 || queued <= 0) return;
@@ -226,18 +226,28 @@ class tcp_connection {
     socklen_t len = sizeof info;
     if (::getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return;
     using ms = std::chrono::milliseconds;
-    const ms heard(info.tcpi_last_ack_recv);  // since the peer's last acknowledgement
-    if (heard < timeout) return;
+    constexpr ms round_trip(500), jitter(50);  // jitter: the kernel's clock ticks, and ours
+    const ms heard(info.tcpi_last_ack_recv);     // since the peer's last answer
+    const ms sent(info.tcpi_last_data_sent);     // since our latest segment, new or sent again
+    if (const auto answer = now - heard; answer > link_.answer + jitter) link_ = {.answer = answer};
     std::string why;
     if (info.tcpi_unacked > 0) {
-      const ms resent(info.tcpi_last_data_sent);  // since our latest segment, new or sent again
-      constexpr ms delayed_ack(500);             // the most RFC 1122 lets a receiver wait
-      if (resent >= heard || resent < delayed_ack) return;
-      why = "the latest resend unanswered for " + std::to_string(resent.count()) + " ms";
+      // A transmission after the last answer (a later one: a new one).
+      if (sent < heard && now - sent > link_.sent + jitter) {
+        link_.sent = now - sent;
+        ++link_.unanswered;
+      }
+      if (link_.unanswered < 2 || now - link_.sent < round_trip) return;
+      why = std::to_string(link_.unanswered) + " transmissions unanswered";
     } else {
-      if (info.tcpi_probes < 2) return;
-      why = std::to_string(info.tcpi_probes) + " probes unanswered";
+      if (info.tcpi_probes != link_.probes) {
+        link_.probes = info.tcpi_probes;
+        link_.probed = now;
+      }
+      if (link_.probes < 3 || now - link_.probed < round_trip) return;
+      why = std::to_string(link_.probes) + " window probes unanswered";
     }
+    if (heard < timeout) return;
     closed_ = true;
     throw error(errc::connection_lost,
                 "connection lost: send to rank " + std::to_string(peer_) + ": its host has not answered for " +
@@ -443,6 +453,14 @@ class tcp_connection {
   const call_history* history_ = nullptr;
   transfer check_{.done = true};  // the check frame post_check() queued last
   std::size_t rx_got_ = 0;
+  // check_link(): the peer's last answer, as last seen, and what it left unanswered since.
+  struct link_watch {
+    clock::time_point answer{};      // when the peer last answered
+    clock::time_point sent{};        // our latest transmission seen unanswered
+    int unanswered = 0;              // transmissions seen unanswered
+    std::uint8_t probes = 0;         // window probes unanswered (tcpi_probes), as last seen
+    clock::time_point probed{};      // when that count was first seen
+  } link_;
 };
 
 }  // namespace chorus::detail

@@ -29,7 +29,8 @@ inline void tune_socket(int fd, const tcp_options& o) {
   // No TCP_USER_TIMEOUT: Linux applies it to a peer's closed window as well, failing a peer
   // that is up but posts its receive late. The transport judges its links itself
   // (tcp_connection::check_link); keepalive covers idle connections, giving up after
-  // about the same time: idle a third of it, then probes a ninth apart.
+  // about the same time: idle a third of it, then probes a ninth apart (whole seconds, at
+  // least one each: 2 s for timeouts under 3 s).
   const auto link_s = static_cast<int>(std::clamp<long long>(o.link_timeout.count() / 1000, 1, 86400));
   const int idle_s = std::max(1, link_s / 3);
   const int interval_s = std::max(1, idle_s / 3);
